@@ -1,0 +1,37 @@
+# `make demo` and `make check` do all their own set-up on a fresh machine.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+RUST_SOURCES := $(shell find csrc_rs -name '*.rs' -o -name 'Cargo.toml') Cargo.toml
+STAMP := .make/installed
+
+.PHONY: demo check install lint types test-rust test-python clean
+
+$(STAMP): pyproject.toml $(RUST_SOURCES)
+	$(PIP) install --quiet -e ".[dev]"
+	@mkdir -p .make && touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	tensortorrent demo
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+types: $(STAMP)
+	$(PYTHON) -m mypy
+	$(PYTHON) -m mypy.stubtest tensortorrent_dynamo._planner --allowlist csrc_rs/binding/stubtest-allowlist.txt
+
+test-rust:
+	cargo test --workspace --quiet
+
+test-python: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+check: lint types test-rust test-python
+
+clean:
+	rm -rf .make target build dist

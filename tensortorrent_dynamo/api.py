@@ -1,0 +1,65 @@
+"""``tt.compile``: plan a model now and get back a module that can explain itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .backend import CompiledGraph, TensorTorrentBackend
+from .explain import explain
+from .settings import parse_options
+
+
+class CompiledModule(torch.nn.Module):
+    """A model compiled with TensorTorrent; call it like the model.
+
+    ``explain()`` describes the plan of every graph Dynamo captured, with measured
+    peaks once the model has run.
+    """
+
+    def __init__(self, model: torch.nn.Module, backend: TensorTorrentBackend) -> None:
+        super().__init__()
+        self.model = model
+        self.backend = backend
+        self.compiled = torch.compile(model, backend=backend)
+
+    @property
+    def graphs(self) -> list[CompiledGraph]:
+        return self.backend.graphs
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def explain(self) -> str:
+        return explain(self.graphs)
+
+    def plan_hashes(self) -> list[str]:
+        return [g.plan.plan_hash for g in self.graphs]
+
+    def measured_peaks(self) -> dict[str, int]:
+        """Peak bytes measured on each virtual device since compiling."""
+        peaks: dict[str, int] = {}
+        for graph in self.graphs:
+            for name, dev in graph.runtime.virtual.items():
+                peaks[name] = max(peaks.get(name, 0), dev.ledger.peak)
+        return peaks
+
+
+def compile(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any] | None = None,
+    **options: Any,
+) -> CompiledModule:
+    """Compile ``model`` with TensorTorrent; with ``example_inputs``, plan right away.
+
+    Options are those of ``torch.compile(..., backend="tensortorrent", options={...})``.
+    Planning runs the model once on ``example_inputs`` (under ``torch.no_grad()``).
+    """
+    parse_options(options)  # bad options fail here, before any tracing
+    compiled = CompiledModule(model, TensorTorrentBackend(options))
+    if example_inputs is not None:
+        with torch.no_grad():
+            compiled(*example_inputs)
+    return compiled

@@ -1,0 +1,180 @@
+"""The registered backend: options → settings → profile → cost graph → plan → rewrite → compile.
+
+``torch.compile(model, backend="tensortorrent")`` finds :data:`tensortorrent_backend`
+through the ``torch_dynamo_backends`` entry point. Dynamo calls it once per
+captured graph; graphs compiled with the same settings share one set of devices
+(one memory ledger per virtual device), and each graph is planned knowing what
+earlier graphs keep resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ._logs import PLAN_ARTIFACT
+from .compile import compile_segments
+from .cost_graph import CostGraph, build_cost_graph
+from .errors import OptionsError, TensorTorrentWarning, UnsupportedNodeError
+from .plan import GraphPlan, plan_graph
+from .profile import HostProfile, host_profile
+from .rewrite import rewrite
+from .run import Runtime, VirtualDevice
+from .settings import Settings, parse_options
+
+log = logging.getLogger(__name__)
+plan_log = torch._logging.getArtifactLogger(__name__, PLAN_ARTIFACT)
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """One captured graph, planned, rewritten and compiled: what Dynamo calls."""
+
+    plan: GraphPlan
+    module: torch.fx.GraphModule
+    runtime: Runtime
+    compilers: dict[str, str]
+    settings: Settings
+    profile: HostProfile
+    calls: int = 0
+    _warned_grad: bool = False
+
+    def compilers_by_device(self) -> list[tuple[str, str]]:
+        """(segment name, device) in execution order."""
+        return [(name, getattr(self.module, name).device) for name in self.compilers]
+
+    def __call__(self, *args: Any) -> Any:
+        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        if torch.is_grad_enabled() and needs_grad and not self._warned_grad:
+            self._warned_grad = True
+            warnings.warn(
+                "TensorTorrent runs inference only: outputs carry no autograd history. "
+                "Call the model under torch.no_grad() or torch.inference_mode().",
+                TensorTorrentWarning,
+                stacklevel=2,
+            )
+        self.calls += 1
+        with torch.no_grad():
+            return self.module(*args)
+
+
+@dataclasses.dataclass
+class Session:
+    """What graphs compiled with the same settings share: devices and their ledgers."""
+
+    settings: Settings
+    virtual: dict[str, VirtualDevice]
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+
+    def resident_bytes(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for graph in self.graphs:
+            for device in graph.plan.devices:
+                held[device.name] = held.get(device.name, 0) + graph.runtime.resident_bytes(
+                    device.name
+                )
+        return held
+
+
+def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
+    fallbacks = cost.fallbacks
+    if not fallbacks:
+        return
+    listing = "; ".join(f"{n.name} ({n.target}): {n.fallback}" for n in fallbacks)
+    if strict:
+        raise UnsupportedNodeError(
+            f"{len(fallbacks)} node(s) cannot be costed or placed: {listing}. "
+            "Pass strict=False to run them on the CPU instead."
+        )
+    warnings.warn(
+        f"TensorTorrent runs {len(fallbacks)} node(s) on the CPU because they cannot be "
+        f"costed or placed: {listing}",
+        TensorTorrentWarning,
+        stacklevel=3,
+    )
+
+
+def _make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:
+    """Copy every resident parameter to its device now, so later graphs plan around it."""
+    for pid, param in enumerate(plan.cost.params):
+        device = plan.param_device(pid)
+        if device != "cpu" and not plan.is_streamed(pid):
+            runtime.make_resident(param.fqn, example_inputs[param.arg_index], device)
+
+
+class TensorTorrentBackend:
+    """The callable registered as ``"tensortorrent"``; holds per-settings sessions."""
+
+    def __init__(self, default_options: Mapping[str, Any] | None = None) -> None:
+        self.default_options: dict[str, Any] = dict(default_options or {})
+        self.sessions: dict[str, Session] = {}
+
+    @property
+    def graphs(self) -> list[CompiledGraph]:
+        return [g for s in self.sessions.values() for g in s.graphs]
+
+    def reset(self) -> None:
+        """Drop every plan, resident copy and ledger (``torch._dynamo.reset()`` calls this)."""
+        self.sessions.clear()
+
+    def _session(self, settings: Settings) -> Session:
+        key = settings.fingerprint()
+        if key not in self.sessions:
+            virtual = {
+                name: VirtualDevice(name, spec.capacity_bytes)
+                for name, spec in settings.virtual_devices.items()
+            }
+            self.sessions[key] = Session(settings=settings, virtual=virtual)
+        return self.sessions[key]
+
+    def __call__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        options: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+    ) -> CompiledGraph:
+        if mode is not None:
+            raise OptionsError(
+                f"tensortorrent does not use mode={mode!r}; pass options={{...}} instead "
+                "(see tensortorrent_dynamo.settings.OPTION_HELP)"
+            )
+        settings = parse_options({**self.default_options, **(options or {})})
+        session = self._session(settings)
+        profile = host_profile(settings)
+        cost = build_cost_graph(gm, example_inputs)
+        _check_fallbacks(cost, settings.strict)
+        plan = plan_graph(len(session.graphs), cost, profile, settings, session.resident_bytes())
+        runtime = Runtime(session.virtual)
+        rewritten = rewrite(gm, plan)
+        rewritten.module.tt_runtime = runtime
+        _make_resident(plan, runtime, example_inputs)
+        compilers = compile_segments(rewritten, runtime, settings)
+        compiled = CompiledGraph(
+            plan=plan,
+            module=rewritten.module,
+            runtime=runtime,
+            compilers=compilers,
+            settings=settings,
+            profile=profile,
+        )
+        session.graphs.append(compiled)
+        if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
+            from .explain import explain_graph
+
+            text = explain_graph(compiled)
+            plan_log.debug("%s", text)
+            log.info("graph %d planned: %s", plan.graph_index, plan.native.chosen)
+            log.debug("schedule of graph %d:\n%s", plan.graph_index, rewritten.module.code)
+        return compiled
+
+
+tensortorrent_backend = TensorTorrentBackend()
+"""The backend object the ``torch_dynamo_backends`` entry point names."""

@@ -1,0 +1,61 @@
+"""The one error hierarchy of TensorTorrent.
+
+Every error the project raises on purpose is a :class:`TensorTorrentError`; the
+native planner maps each of its error variants onto one class here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class TensorTorrentError(Exception):
+    """Base class of every error TensorTorrent raises on purpose."""
+
+
+class OptionsError(TensorTorrentError, ValueError):
+    """An option passed to the backend is unknown or has a bad value."""
+
+
+class BudgetParseError(OptionsError):
+    """A memory budget or bandwidth could not be parsed."""
+
+
+class PlanInfeasible(TensorTorrentError):
+    """No placement fits the budgets.
+
+    ``min_budgets`` maps each device whose budget is too small to the smallest
+    budget in bytes with which a plan would exist.
+    """
+
+    def __init__(self, message: str, min_budgets: Mapping[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.min_budgets: dict[str, int] = dict(min_budgets or {})
+
+
+class InvalidCostGraph(TensorTorrentError):
+    """The cost graph handed to the planner is malformed (a bug in TensorTorrent)."""
+
+
+class InvalidDevices(TensorTorrentError):
+    """The device list handed to the planner is malformed."""
+
+
+class InvalidObjective(OptionsError):
+    """The planning objective is not one the planner knows."""
+
+
+class UnsupportedNodeError(TensorTorrentError):
+    """A node could not be costed or placed and ``strict=True`` forbids the CPU fallback."""
+
+
+class NativePlannerUnavailable(TensorTorrentError):
+    """The compiled planner extension could not be imported."""
+
+
+class VirtualDeviceOutOfMemory(TensorTorrentError, MemoryError):
+    """A virtual accelerator was asked to hold more bytes than its capacity."""
+
+
+class TensorTorrentWarning(UserWarning):
+    """Warnings TensorTorrent emits (CPU fallbacks, inference-only execution)."""

@@ -1,0 +1,122 @@
+"""The text of ``explain()``: devices, budgets, segments, streaming, predicted time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .units import format_bytes, format_rate, format_seconds
+
+if TYPE_CHECKING:
+    from .backend import CompiledGraph
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _flops(f: float) -> str:
+    return format_rate(f, "FLOP") if f else "0"
+
+
+def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
+    """One row per device: kind, budget, rates, predicted and measured peak."""
+    first = graphs[0]
+    rows = []
+    for planned in first.plan.devices:
+        dev = planned.profile
+        predicted = max(g.plan.predicted_peak(dev.name) for g in graphs)
+        virtual = first.runtime.virtual.get(dev.name)
+        measured = format_bytes(virtual.ledger.peak) if virtual and first.calls else "-"
+        link = "-" if dev.is_host else format_rate(dev.h2d_bytes_per_s, "B/s")
+        budget = first.settings.budgets.get(dev.name, planned.budget_bytes)
+        rows.append(
+            [
+                dev.name,
+                dev.kind,
+                format_bytes(budget),
+                format_rate(dev.flops_per_s, "FLOP/s"),
+                link,
+                format_bytes(predicted),
+                measured,
+            ]
+        )
+    header = ["device", "kind", "budget", "compute", "link h2d", "peak predicted", "peak measured"]
+    return ["Devices", *_table(header, rows)]
+
+
+def explain_graph(graph: CompiledGraph) -> str:
+    """The plan of one graph as text."""
+    plan = graph.plan
+    cost = plan.cost
+    native = plan.native
+    lines = [
+        f"Graph {plan.graph_index}: {len(cost.nodes)} nodes, {len(cost.params)} parameters "
+        f"({format_bytes(cost.param_bytes)}), {_flops(cost.total_flops)}, plan {plan.plan_hash}",
+    ]
+    cands = []
+    for cand in native.candidates:
+        time = format_seconds(cand.predicted_time_s) if cand.feasible else "does not fit"
+        mark = " (chosen)" if cand.name == native.chosen else ""
+        cands.append(f"{cand.name} {time}{mark}")
+    lines.append("  candidates: " + " | ".join(cands))
+
+    seg_nodes: dict[int, list[int]] = {}
+    for nid, seg in enumerate(native.node_segment):
+        seg_nodes.setdefault(seg, []).append(nid)
+    rows = []
+    for name, device in graph.compilers_by_device():
+        seg = int(name.removeprefix("submod_"))
+        nodes = [n for n in seg_nodes.get(seg, []) if not cost.nodes[n].is_graph_input]
+        used = {p for p, ref in enumerate(cost.params) if set(ref.users) & set(nodes)}
+        resident = sum(cost.params[p].nbytes for p in used if not plan.is_streamed(p))
+        streamed = sum(cost.params[p].nbytes for p in used if plan.is_streamed(p))
+        rows.append(
+            [
+                name,
+                device,
+                graph.compilers[name],
+                str(len(nodes)),
+                _flops(sum(cost.nodes[n].flops for n in nodes)),
+                format_bytes(resident),
+                format_bytes(streamed),
+            ]
+        )
+    header = ["segment", "device", "compiler", "nodes", "FLOPs", "params resident", "streamed"]
+    lines += _table(header, rows)
+    streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
+    if streamed_names:
+        shown = ", ".join(streamed_names[:8]) + (", ..." if len(streamed_names) > 8 else "")
+        lines.append(
+            f"  streamed parameters ({len(streamed_names)}, prefetched one segment ahead, "
+            f"evicted after last use): {shown}"
+        )
+    else:
+        lines.append("  streamed parameters: none")
+    fallbacks = cost.fallbacks
+    if fallbacks:
+        lines.append("  on the CPU because they cannot be placed elsewhere:")
+        lines += [f"    {n.name} ({n.target}): {n.fallback}" for n in fallbacks]
+    lines.append(f"  predicted time: {format_seconds(plan.predicted_time_s)}")
+    return "\n".join(lines)
+
+
+def explain(graphs: Sequence[CompiledGraph]) -> str:
+    """The whole report: a devices table, then one section per graph."""
+    if not graphs:
+        return "TensorTorrent: nothing compiled yet (call the model once, or use tt.compile)."
+    first = graphs[0]
+    head = (
+        f"TensorTorrent plan: {len(graphs)} graph(s), objective {first.settings.objective}, "
+        f"profile {first.profile.source}"
+    )
+    sections = [head, "\n".join(explain_devices(graphs))]
+    sections += [explain_graph(g) for g in graphs]
+    total = sum(g.plan.predicted_time_s for g in graphs)
+    sections.append(f"Predicted time per forward: {format_seconds(total)}")
+    return "\n\n".join(sections)

@@ -1,0 +1,141 @@
+"""Ask the native planner where each node runs and which parameters stream.
+
+This module only gathers the planner's inputs (cost graph, devices, budgets,
+objective) and names its answer; the decisions themselves are made in Rust
+(``csrc_rs/planner``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ._native import native_planner
+from .cost_graph import CostGraph
+from .profile import DeviceProfile, HostProfile
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from . import _planner
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedDevice:
+    """A device as planned: its profile and the budget the plan had to respect."""
+
+    profile: DeviceProfile
+    budget_bytes: int
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphPlan:
+    """The planner's answer for one graph, with names instead of indices."""
+
+    graph_index: int
+    cost: CostGraph
+    devices: tuple[PlannedDevice, ...]
+    native: _planner.Plan
+    objective: str
+
+    @property
+    def plan_hash(self) -> str:
+        return self.native.plan_hash
+
+    @property
+    def predicted_time_s(self) -> float:
+        return self.native.predicted_time_s
+
+    def node_device(self, node_id: int) -> str:
+        return self.devices[self.native.node_device[node_id]].name
+
+    def segment_device(self, segment: int) -> str:
+        return self.devices[self.native.segment_device[segment]].name
+
+    def param_device(self, param_id: int) -> str:
+        return self.devices[self.native.param_device[param_id]].name
+
+    def is_streamed(self, param_id: int) -> bool:
+        return self.native.param_streamed[param_id]
+
+    def predicted_peak(self, device: str) -> int:
+        for i, dev in enumerate(self.devices):
+            if dev.name == device:
+                return self.native.peak_bytes[i]
+        raise KeyError(device)
+
+
+def planned_devices(
+    profile: HostProfile, settings: Settings, already_resident: Mapping[str, int]
+) -> tuple[tuple[PlannedDevice, ...], bool]:
+    """The devices to plan over (host first) and whether the host may compute.
+
+    A device's budget is the user's (or its capacity), less what earlier graphs of
+    the same model keep resident on it.
+    """
+    wanted = settings.devices
+    devices: list[PlannedDevice] = []
+    for dev in profile.devices:
+        if not dev.is_host and wanted is not None and dev.name not in wanted:
+            continue
+        budget = settings.budgets.get(dev.name, dev.memory_bytes)
+        budget = max(0, budget - already_resident.get(dev.name, 0))
+        devices.append(PlannedDevice(profile=dev, budget_bytes=budget))
+    host_compute = wanted is None or "cpu" in wanted
+    return tuple(devices), host_compute
+
+
+def plan_graph(
+    graph_index: int,
+    cost: CostGraph,
+    profile: HostProfile,
+    settings: Settings,
+    already_resident: Mapping[str, int],
+) -> GraphPlan:
+    """Run the native planner on ``cost``; raises ``PlanInfeasible`` when nothing fits."""
+    devices, host_compute = planned_devices(profile, settings, already_resident)
+    planner = native_planner()
+    native_devices = [
+        planner.Device(
+            name=d.name,
+            is_host=d.profile.is_host,
+            flops_per_s=d.profile.flops_per_s,
+            budget_bytes=d.budget_bytes,
+            h2d_bytes_per_s=d.profile.h2d_bytes_per_s,
+            d2h_bytes_per_s=d.profile.d2h_bytes_per_s,
+            latency_s=d.profile.latency_s,
+        )
+        for d in devices
+    ]
+    log.debug(
+        "planning graph %d: %d nodes, %d params, devices %s, host compute %s",
+        graph_index,
+        len(cost.nodes),
+        len(cost.params),
+        [(d.name, d.budget_bytes) for d in devices],
+        host_compute,
+    )
+    native = planner.plan(cost.to_native(), native_devices, settings.objective, host_compute)
+    for cand in native.candidates:
+        log.debug(
+            "  candidate %-28s feasible=%s predicted=%.6fs peaks=%s",
+            cand.name,
+            cand.feasible,
+            cand.predicted_time_s,
+            list(cand.peak_bytes),
+        )
+    log.debug("  chose %s (plan %s)", native.chosen, native.plan_hash)
+    return GraphPlan(
+        graph_index=graph_index,
+        cost=cost,
+        devices=devices,
+        native=native,
+        objective=settings.objective,
+    )

@@ -1,0 +1,164 @@
+"""Turn a plan into an FX graph: per-segment submodules joined by runtime ops.
+
+The parent graph calls each segment's submodule in order and, between them,
+``transfer`` (activations changing device), ``resident`` (parameters kept on a
+device), ``prefetch``/``wait``/``evict`` (streamed parameters, double-buffered:
+a segment's parameters are prefetched when the segment before it starts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+from . import run
+from .plan import GraphPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewritten:
+    """The parent module and, per segment, its submodule name and device."""
+
+    module: torch.fx.GraphModule
+    segments: dict[str, str]
+
+
+def _segment_of(name: str) -> int:
+    return int(name.removeprefix("submod_"))
+
+
+def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan) -> Rewritten:
+    """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
+    cost = plan.cost
+    node_id = {n.name: i for i, n in enumerate(cost.nodes)}
+    node_segment = plan.native.node_segment
+
+    parent = split_module(
+        gm, None, lambda n: node_segment[node_id[n.name]], keep_original_order=True
+    )
+    graph = parent.graph
+    params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}
+    calls = [n for n in graph.nodes if n.op == "call_module" and n.target.startswith("submod_")]
+    segments = {str(n.target): plan.segment_device(_segment_of(str(n.target))) for n in calls}
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    with graph.inserting_after(placeholders[-1] if placeholders else None):
+        rt = graph.get_attr("tt_runtime")
+
+    device_of: dict[torch.fx.Node, str] = {}
+    for node in placeholders:
+        example = node.meta.get("example_value")
+        on_cuda = isinstance(example, torch.Tensor) and example.device.type == "cuda"
+        device_of[node] = str(example.device) if on_cuda else "cpu"
+
+    moved: dict[tuple[torch.fx.Node, str], torch.fx.Node] = {}
+    waited: dict[str, torch.fx.Node] = {}
+    call_of_segment = {_segment_of(str(n.target)): n for n in calls}
+
+    def call_before(segment: int) -> torch.fx.Node:
+        """Where a prefetch for ``segment`` is issued: before the previous segment runs."""
+        earlier = [s for s in call_of_segment if s < segment]
+        return call_of_segment[max(earlier)] if earlier else calls[0]
+
+    for call in calls:
+        device = segments[str(call.target)]
+        new_args: list[Any] = []
+        for arg in call.args:
+            assert isinstance(arg, torch.fx.Node)
+            if arg.name in params and device != "cpu":
+                new_args.append(
+                    _param_on_device(
+                        graph,
+                        rt,
+                        arg,
+                        params[arg.name],
+                        plan,
+                        call,
+                        call_before,
+                        waited,
+                        moved,
+                        device,
+                    )
+                )
+            elif arg.name in params or device_of.get(arg, "cpu") == device:
+                new_args.append(arg)
+            else:
+                key = (arg, device)
+                if key not in moved:
+                    with graph.inserting_before(call):
+                        moved[key] = graph.call_function(run.transfer, (rt, arg, device))
+                new_args.append(moved[key])
+        call.args = tuple(new_args)
+        device_of[call] = device
+        for user in call.users:
+            if user.op == "call_function":
+                device_of[user] = device  # getitem on a segment's tuple output
+
+    for pid, param in enumerate(cost.params):
+        if plan.is_streamed(pid) and param.placeholder in waited:
+            last = call_of_segment[plan.native.param_evict_segment[pid]]
+            with graph.inserting_after(last):
+                graph.call_function(run.evict, (waited[param.placeholder].args[0],))
+
+    output = next(n for n in graph.nodes if n.op == "output")
+    home = _output_devices(gm)
+
+    def back(value: Any, index: int) -> Any:
+        if isinstance(value, torch.fx.Node) and device_of.get(value, "cpu") != home[index]:
+            with graph.inserting_before(output):
+                return graph.call_function(run.transfer, (rt, value, home[index]))
+        return value
+
+    (results,) = output.args
+    if isinstance(results, (tuple, list)):
+        output.args = (type(results)(back(v, i) for i, v in enumerate(results)),)
+    else:
+        output.args = (back(results, 0),)
+    graph.lint()
+    parent.recompile()
+    return Rewritten(module=parent, segments=segments)
+
+
+def _param_on_device(
+    graph: torch.fx.Graph,
+    rt: torch.fx.Node,
+    arg: torch.fx.Node,
+    param: tuple[int, Any],
+    plan: GraphPlan,
+    call: torch.fx.Node,
+    call_before: Any,
+    waited: dict[str, torch.fx.Node],
+    moved: dict[tuple[torch.fx.Node, str], torch.fx.Node],
+    device: str,
+) -> torch.fx.Node:
+    pid, ref = param
+    if not plan.is_streamed(pid):
+        key = (arg, device)
+        if key not in moved:
+            with graph.inserting_before(call):
+                moved[key] = graph.call_function(run.resident, (rt, arg, ref.fqn, device))
+        return moved[key]
+    if ref.placeholder not in waited:
+        issue_at = call_before(plan.native.param_prefetch_segment[pid])
+        with graph.inserting_before(issue_at):
+            handle = graph.call_function(run.prefetch, (rt, arg, ref.fqn, device))
+        with graph.inserting_before(call):
+            waited[ref.placeholder] = graph.call_function(run.wait, (handle,))
+    return waited[ref.placeholder]
+
+
+def _output_devices(gm: torch.fx.GraphModule) -> list[str]:
+    """The device eager execution returns each output on."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    (results,) = output.args
+    values = results if isinstance(results, (tuple, list)) else (results,)
+    devices = []
+    for value in values:
+        example = value.meta.get("example_value") if isinstance(value, torch.fx.Node) else None
+        on_cuda = isinstance(example, torch.Tensor) and example.device.type == "cuda"
+        devices.append(str(example.device) if on_cuda else "cpu")
+    return devices

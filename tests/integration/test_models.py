@@ -1,0 +1,155 @@
+"""Whole models through the backend, compared with eager, resident and streamed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import tensortorrent as tt
+from tests.models import TransformerBlock, TwoBreaks, mlp, param_bytes
+
+FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB"}}
+
+
+def _options(budget: int | str) -> dict[str, Any]:
+    return {
+        "budgets": {"virtual:0": budget, "cpu": "16GiB"},
+        "virtual_devices": FAST_VIRTUAL,
+        "compiler": "eager",
+    }
+
+
+MODELS = {
+    "mlp": (lambda: mlp(128, 6), lambda: torch.randn(16, 128)),
+    "transformer_block": (lambda: TransformerBlock(64, 4), lambda: torch.randn(2, 16, 64)),
+    "two_breaks": (lambda: TwoBreaks(96), lambda: torch.randn(8, 96)),
+}
+
+
+def _run(name: str, budget_fraction: float) -> tuple[tt.CompiledModule, torch.Tensor, int]:
+    make_model, make_input = MODELS[name]
+    model, x = make_model(), make_input()
+    budget = int(param_bytes(model) * budget_fraction)
+    compiled = tt.compile(model, example_inputs=(x,), **_options(budget))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        x2 = make_input()
+        torch.testing.assert_close(compiled(x2), model(x2))
+    return compiled, x, budget
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_everything_resident(name: str) -> None:
+    compiled, _, budget = _run(name, 4.0)
+    graphs = compiled.graphs
+    assert len(graphs) == (3 if name == "two_breaks" else 1)
+    for graph in graphs:
+        assert not any(graph.plan.native.param_streamed), "a roomy budget should stream nothing"
+        assert "virtual:0" in {d for _, d in graph.compilers_by_device()}
+    assert 0 < compiled.measured_peaks()["virtual:0"] <= budget
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_streaming_under_a_small_budget(name: str) -> None:
+    compiled, _, budget = _run(name, 0.5)
+    streamed = [p for g in compiled.graphs for p in g.plan.native.param_streamed if p]
+    assert streamed, "parameters larger than the budget must stream"
+    assert "prefetch" in compiled.graphs[0].module.code
+    peak = compiled.measured_peaks()["virtual:0"]
+    assert 0 < peak <= budget, f"measured peak {peak} over budget {budget}"
+
+
+def test_three_graphs_share_one_ledger() -> None:
+    model, x = TwoBreaks(96), torch.randn(8, 96)
+    per_graph = param_bytes(model.a)
+    budget = int(per_graph * 1.6)  # room for one graph's weights, not two
+    compiled = tt.compile(model, example_inputs=(x,), **_options(budget))
+    resident_total = sum(g.runtime.resident_bytes("virtual:0") for g in compiled.graphs)
+    assert resident_total <= budget
+    assert any(any(g.plan.native.param_streamed) for g in compiled.graphs[1:])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_torch_compile_by_name_with_options() -> None:
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    compiled = torch.compile(model, backend="tensortorrent", options=_options("40KiB"))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert tt.tensortorrent_backend.graphs, "the registered backend object did the work"
+
+
+def test_plan_is_deterministic() -> None:
+    hashes = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        compiled, _, _ = _run("mlp", 0.5)
+        hashes.append(compiled.plan_hashes())
+    assert hashes[0] == hashes[1]
+    other, _, _ = _run("mlp", 4.0)
+    assert other.plan_hashes() != hashes[0]
+
+
+def test_infeasible_budget_names_the_smallest_workable_one() -> None:
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    options = _options("1KiB") | {"devices": ["virtual:0"]}
+    with pytest.raises(tt.PlanInfeasible) as info:
+        tt.compile(model, example_inputs=(x,), **options)
+    needed = info.value.min_budgets["virtual:0"]
+    assert needed > 1024
+    assert "virtual:0" in str(info.value)
+    torch._dynamo.reset()
+    compiled = tt.compile(
+        model, example_inputs=(x,), **(options | {"budgets": {"virtual:0": needed}})
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.measured_peaks()["virtual:0"] <= needed
+
+
+def test_slow_accelerator_is_not_used() -> None:
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    options = _options("1MiB")
+    options["virtual_devices"] = {"virtual:0": {"flops": 1e6, "bandwidth": 1e6}}
+    compiled = tt.compile(model, example_inputs=(x,), **options)
+    (graph,) = compiled.graphs
+    assert {d for _, d in graph.compilers_by_device()} == {"cpu"}
+
+
+def test_uncostable_node_falls_back_to_cpu_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensortorrent_dynamo import cost_graph
+
+    real = cost_graph._count_flops
+
+    def flaky(node: torch.fx.Node) -> float:
+        if "relu" in node.name:
+            raise RuntimeError("no fake kernel")
+        return real(node)
+
+    monkeypatch.setattr(cost_graph, "_count_flops", flaky)
+    model, x = mlp(64, 2), torch.randn(4, 64)
+    with pytest.warns(tt.TensorTorrentWarning, match="no fake kernel"):
+        compiled = tt.compile(model, example_inputs=(x,), **_options("1MiB"))
+    (graph,) = compiled.graphs
+    relus = [i for i, n in enumerate(graph.plan.cost.nodes) if "relu" in n.name]
+    assert relus and all(graph.plan.node_device(i) == "cpu" for i in relus)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+    with pytest.raises(tt.UnsupportedNodeError, match="no fake kernel"):
+        tt.compile(model, example_inputs=(x,), strict=True, **_options("1MiB"))
+
+
+def test_bad_options_fail_before_tracing() -> None:
+    with pytest.raises(tt.OptionsError, match="valid options"):
+        tt.compile(mlp(8, 1), example_inputs=(torch.randn(1, 8),), budget="1GB")
+
+
+def test_grad_enabled_call_warns_and_still_matches() -> None:
+    model, x = mlp(32, 2), torch.randn(4, 32)
+    compiled = tt.compile(model, example_inputs=(x,), **_options("1MiB"))
+    with pytest.warns(tt.TensorTorrentWarning, match="inference only"):
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x).detach())

@@ -1,0 +1,59 @@
+"""Small models the tests run: an MLP, a transformer block, a model with two graph breaks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(width: int = 64, depth: int = 4, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers).eval()
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm attention + MLP block, written out so every op is visible to Dynamo."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class TwoBreaks(nn.Module):
+    """Three graphs under Dynamo: two explicit graph breaks between MLP stages."""
+
+    def __init__(self, width: int = 64, seed: int = 0) -> None:
+        super().__init__()
+        self.a = mlp(width, 2, seed)
+        self.b = mlp(width, 2, seed + 1)
+        self.c = mlp(width, 2, seed + 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        x = self.b(x)
+        torch._dynamo.graph_break()
+        return self.c(x)
+
+
+def param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tensortorrent_dynamo.errors import VirtualDeviceOutOfMemory
+from tensortorrent_dynamo.run import VirtualDevice
+
+
+def test_ledger_follows_tensor_lifetimes() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    a = dev.copy_in(torch.ones(100), "a")  # 400 bytes
+    view = a[:10]
+    dev.adopt(view, "view")  # same storage: no new bytes
+    assert dev.ledger.live == 400
+    b = dev.copy_in(torch.ones(200), "b")
+    assert dev.ledger.live == 1200 and dev.ledger.peak == 1200
+    del a
+    gc.collect()
+    assert dev.ledger.live == 1200, "the view still holds the storage"
+    del view
+    gc.collect()
+    assert dev.ledger.live == 800
+    del b
+    gc.collect()
+    assert dev.ledger.live == 0 and dev.ledger.peak == 1200
+
+
+def test_copies_are_real_and_owned() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    src = torch.arange(10.0)
+    copy = dev.copy_in(src, "x")
+    assert copy.data_ptr() != src.data_ptr()
+    assert dev.owns(copy) and not dev.owns(src)
+    torch.testing.assert_close(copy, src)
+    handle = dev.copy_in_async(src, "y")
+    handle.done()
+    assert handle.buffer is not None
+    torch.testing.assert_close(handle.buffer, src)
+
+
+def test_outputs_of_ops_are_accounted_while_executing() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    x = dev.copy_in(torch.ones(100), "x")
+    with dev.executing():
+        y = x * 2
+        z = y + 1
+    assert dev.ledger.live == 1200
+    del y, z
+    gc.collect()
+    assert dev.ledger.live == 400
+
+
+def test_over_capacity_fails_like_an_oom() -> None:
+    dev = VirtualDevice("virtual:0", capacity=1000)
+    keep = dev.copy_in(torch.ones(200), "a")
+    with pytest.raises(VirtualDeviceOutOfMemory, match="virtual:0"):
+        dev.copy_in(torch.ones(200), "b")
+    assert dev.ledger.live == 800 and keep.numel() == 200
