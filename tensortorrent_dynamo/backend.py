@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._logs import PLAN_ARTIFACT
+from ._logs import PLAN_ARTIFACT, register
 from .compile import compile_segments
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, TensorTorrentWarning, UnsupportedNodeError
@@ -28,6 +28,7 @@ from .rewrite import rewrite
 from .run import Runtime, VirtualDevice
 from .settings import Settings, parse_options
 
+register()  # torch normally did this through the entry point; cheap and idempotent
 log = logging.getLogger(__name__)
 plan_log = torch._logging.getArtifactLogger(__name__, PLAN_ARTIFACT)
 
@@ -153,8 +154,7 @@ class TensorTorrentBackend:
         _check_fallbacks(cost, settings.strict)
         plan = plan_graph(len(session.graphs), cost, profile, settings, session.resident_bytes())
         runtime = Runtime(session.virtual)
-        rewritten = rewrite(gm, plan)
-        rewritten.module.tt_runtime = runtime
+        rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)
         compilers = compile_segments(rewritten, runtime, settings)
         compiled = CompiledGraph(

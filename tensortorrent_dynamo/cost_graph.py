@@ -201,9 +201,7 @@ def build_cost_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object])
     placeholder_pos = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            real = (
-                example_inputs[placeholder_pos] if placeholder_pos < len(example_inputs) else None
-            )
+            real = example_inputs[placeholder_pos]
             value = real if isinstance(real, torch.Tensor) else _example(node)
             if is_static_input(node) and isinstance(value, torch.Tensor):
                 param_of[node] = len(params)

@@ -93,6 +93,7 @@ def main() -> int:
     )
     verdict = "OK" if result.ok else "FAILED"
     print(
-        f"max abs diff vs eager: {result.max_abs_diff:.3g} (tolerance {result.tolerance:g}): {verdict}"
+        f"max abs diff vs eager: {result.max_abs_diff:.3g} "
+        f"(tolerance {result.tolerance:g}): {verdict}"
     )
     return 0 if result.ok else 1

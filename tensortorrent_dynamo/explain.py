@@ -15,7 +15,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
-        return indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
 

@@ -31,7 +31,7 @@ def _segment_of(name: str) -> int:
     return int(name.removeprefix("submod_"))
 
 
-def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan) -> Rewritten:
+def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> Rewritten:
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
     cost = plan.cost
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
@@ -40,6 +40,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan) -> Rewritten:
     parent = split_module(
         gm, None, lambda n: node_segment[node_id[n.name]], keep_original_order=True
     )
+    parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph
     params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}
     calls = [n for n in graph.nodes if n.op == "call_module" and n.target.startswith("submod_")]

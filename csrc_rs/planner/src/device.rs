@@ -1,0 +1,101 @@
+//! Devices: the host and the accelerators a plan may use.
+
+use crate::error::PlanError;
+
+/// One device of the machine.
+///
+/// Index 0 of every device list is the host; the others are accelerators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Device {
+    /// Unique, non-empty name (for example `"cpu"` or `"virtual:0"`).
+    pub name: String,
+    /// Whether this is the host (exactly one, at index 0).
+    pub is_host: bool,
+    /// Sustained compute rate in floating-point operations per second.
+    pub flops_per_s: f64,
+    /// Memory the plan may use on this device, in bytes.
+    pub budget_bytes: u64,
+    /// Host-to-device copy rate in bytes per second (unused for the host).
+    pub h2d_bytes_per_s: f64,
+    /// Device-to-host copy rate in bytes per second (unused for the host).
+    pub d2h_bytes_per_s: f64,
+    /// Fixed cost added to every node run on this device, in seconds.
+    pub latency_s: f64,
+}
+
+impl Device {
+    /// Seconds this device needs to run a node of `flops` operations.
+    #[must_use]
+    pub fn node_time(&self, flops: f64) -> f64 {
+        flops / self.flops_per_s + self.latency_s
+    }
+}
+
+fn invalid(msg: String) -> PlanError {
+    PlanError::InvalidDevices(msg)
+}
+
+/// Checks a device list: non-empty, exactly one host and it is index 0,
+/// unique non-empty names, positive finite compute rates, positive finite copy
+/// rates on accelerators, finite non-negative latencies.
+///
+/// # Errors
+/// [`PlanError::InvalidDevices`] naming the first offending device and field.
+pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
+    let Some(first) = devices.first() else {
+        return Err(invalid("the device list is empty; it needs the host at index 0".into()));
+    };
+    if !first.is_host {
+        return Err(invalid(format!(
+            "device 0 ({:?}) must be the host (is_host = true)",
+            first.name
+        )));
+    }
+    if devices.len() > u32::MAX as usize {
+        return Err(invalid(format!("{} devices is too many", devices.len())));
+    }
+    for (i, d) in devices.iter().enumerate() {
+        if i > 0 && d.is_host {
+            return Err(invalid(format!(
+                "device {i} ({:?}) is a second host; exactly one host is allowed and it is index 0",
+                d.name
+            )));
+        }
+        if d.name.is_empty() {
+            return Err(invalid(format!("device {i} has an empty name")));
+        }
+        if let Some(j) = devices[..i].iter().position(|e| e.name == d.name) {
+            return Err(invalid(format!(
+                "devices {j} and {i} are both named {:?}; names must be unique",
+                d.name
+            )));
+        }
+        if !(d.flops_per_s.is_finite() && d.flops_per_s > 0.0) {
+            return Err(invalid(format!(
+                "device {i} ({:?}) has flops_per_s = {}; it must be finite and positive",
+                d.name, d.flops_per_s
+            )));
+        }
+        if !(d.latency_s.is_finite() && d.latency_s >= 0.0) {
+            return Err(invalid(format!(
+                "device {i} ({:?}) has latency_s = {}; it must be finite and non-negative",
+                d.name, d.latency_s
+            )));
+        }
+        for (field, rate) in [("h2d_bytes_per_s", d.h2d_bytes_per_s), ("d2h_bytes_per_s", d.d2h_bytes_per_s)] {
+            let ok = if d.is_host {
+                rate.is_finite() && rate >= 0.0
+            } else {
+                rate.is_finite() && rate > 0.0
+            };
+            if !ok {
+                let need = if d.is_host { "finite and non-negative" } else { "finite and positive" };
+                return Err(invalid(format!(
+                    "device {i} ({:?}) has {field} = {rate}; it must be {need}",
+                    d.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! The cost graph: flat, topologically ordered arrays describing the work,
+//! the data flow and the parameters of one captured graph.
+
+use crate::error::PlanError;
+
+/// A validated cost graph.
+///
+/// Nodes are numbered `0..n` in topological order. Data inputs and parameter
+/// users are given in CSR form (offsets plus ids). Construction validates every
+/// array; the accessors can therefore index without further checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostGraph {
+    node_flops: Vec<f64>,
+    node_out_bytes: Vec<u64>,
+    node_host_only: Vec<bool>,
+    input_offsets: Vec<u32>,
+    input_ids: Vec<u32>,
+    param_bytes: Vec<u64>,
+    param_offsets: Vec<u32>,
+    param_users: Vec<u32>,
+    output_ids: Vec<u32>,
+    // Derived indices, built once at construction.
+    node_param_offsets: Vec<u32>,
+    node_param_ids: Vec<u32>,
+    consumer_offsets: Vec<u32>,
+    consumer_ids: Vec<u32>,
+    is_output: Vec<bool>,
+}
+
+fn invalid(msg: impl Into<String>) -> PlanError {
+    PlanError::InvalidGraph(msg.into())
+}
+
+/// Checks a CSR offsets array: `count + 1` entries, starting at 0,
+/// non-decreasing, ending at `ids_len`.
+fn check_offsets(
+    what: &str,
+    offsets: &[u32],
+    count: usize,
+    ids_what: &str,
+    ids_len: usize,
+) -> Result<(), PlanError> {
+    if offsets.len() != count + 1 {
+        return Err(invalid(format!(
+            "{what} has {} entries, expected {} (one more than the {count} rows)",
+            offsets.len(),
+            count + 1
+        )));
+    }
+    if offsets[0] != 0 {
+        return Err(invalid(format!(
+            "{what}[0] is {}, expected 0",
+            offsets[0]
+        )));
+    }
+    for (i, w) in offsets.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(invalid(format!(
+                "{what} decreases at index {}: {} > {}",
+                i + 1,
+                w[0],
+                w[1]
+            )));
+        }
+    }
+    let last = offsets[count] as usize;
+    if last != ids_len {
+        return Err(invalid(format!(
+            "{what}[{count}] is {last} but {ids_what} has {ids_len} entries"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a deduplicated CSR from `(row, value)` pairs given row by row.
+/// Rows are visited in order; values inside a row are sorted and deduplicated.
+fn build_csr(rows: usize, pairs: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let mut counts = vec![0u32; rows + 1];
+    for &(r, _) in pairs {
+        counts[r as usize + 1] += 1;
+    }
+    for i in 0..rows {
+        counts[i + 1] += counts[i];
+    }
+    let mut fill = counts.clone();
+    let mut ids = vec![0u32; pairs.len()];
+    for &(r, v) in pairs {
+        let slot = &mut fill[r as usize];
+        ids[*slot as usize] = v;
+        *slot += 1;
+    }
+    // Sort and deduplicate each row, compacting in place.
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0u32);
+    let mut write = 0usize;
+    for r in 0..rows {
+        let (lo, hi) = (counts[r] as usize, counts[r + 1] as usize);
+        ids[lo..hi].sort_unstable();
+        let mut prev: Option<u32> = None;
+        for k in lo..hi {
+            let v = ids[k];
+            if prev != Some(v) {
+                ids[write] = v;
+                write += 1;
+                prev = Some(v);
+            }
+        }
+        offsets.push(write as u32);
+    }
+    ids.truncate(write);
+    (offsets, ids)
+}
+
+impl CostGraph {
+    /// Builds and validates a cost graph.
+    ///
+    /// * `node_flops`, `node_out_bytes`, `node_host_only`: one entry per node.
+    /// * `input_offsets` (`n + 1` entries) and `input_ids`: the data inputs of
+    ///   each node; every input id must be smaller than its consumer's id.
+    /// * `param_bytes`: one entry per parameter.
+    /// * `param_offsets` (`p + 1` entries) and `param_users`: the nodes using
+    ///   each parameter.
+    /// * `output_ids`: nodes whose values are graph outputs.
+    ///
+    /// Repeated ids (a node reading the same input twice, a parameter listing
+    /// the same user twice) are accepted and counted once.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] naming the first offending array and index.
+    pub fn new(
+        node_flops: Vec<f64>,
+        node_out_bytes: Vec<u64>,
+        node_host_only: Vec<bool>,
+        input_offsets: Vec<u32>,
+        input_ids: Vec<u32>,
+        param_bytes: Vec<u64>,
+        param_offsets: Vec<u32>,
+        param_users: Vec<u32>,
+        output_ids: Vec<u32>,
+    ) -> Result<Self, PlanError> {
+        let n = node_flops.len();
+        if n >= u32::MAX as usize {
+            return Err(invalid(format!("{n} nodes is too many (limit {})", u32::MAX - 1)));
+        }
+        if node_out_bytes.len() != n {
+            return Err(invalid(format!(
+                "node_out_bytes has {} entries but node_flops has {n}",
+                node_out_bytes.len()
+            )));
+        }
+        if node_host_only.len() != n {
+            return Err(invalid(format!(
+                "node_host_only has {} entries but node_flops has {n}",
+                node_host_only.len()
+            )));
+        }
+        if let Some((i, f)) = node_flops
+            .iter()
+            .enumerate()
+            .find(|(_, f)| !f.is_finite() || **f < 0.0)
+        {
+            return Err(invalid(format!(
+                "node_flops[{i}] is {f}; flops must be finite and non-negative"
+            )));
+        }
+        check_offsets("input_offsets", &input_offsets, n, "input_ids", input_ids.len())?;
+        for v in 0..n {
+            let (lo, hi) = (input_offsets[v] as usize, input_offsets[v + 1] as usize);
+            for (k, &u) in input_ids[lo..hi].iter().enumerate() {
+                if u as usize >= n {
+                    return Err(invalid(format!(
+                        "input_ids[{}] = {u} (an input of node {v}) is out of range for {n} nodes",
+                        lo + k
+                    )));
+                }
+                if u as usize >= v {
+                    return Err(invalid(format!(
+                        "input_ids[{}] = {u} is an input of node {v} but does not come before it; \
+                         nodes must be in topological order",
+                        lo + k
+                    )));
+                }
+            }
+        }
+        let p = param_bytes.len();
+        if p >= u32::MAX as usize {
+            return Err(invalid(format!("{p} params is too many (limit {})", u32::MAX - 1)));
+        }
+        check_offsets("param_offsets", &param_offsets, p, "param_users", param_users.len())?;
+        for (k, &u) in param_users.iter().enumerate() {
+            if u as usize >= n {
+                return Err(invalid(format!(
+                    "param_users[{k}] = {u} is out of range for {n} nodes"
+                )));
+            }
+        }
+        for (k, &o) in output_ids.iter().enumerate() {
+            if o as usize >= n {
+                return Err(invalid(format!(
+                    "output_ids[{k}] = {o} is out of range for {n} nodes"
+                )));
+            }
+        }
+
+        // node -> params (deduplicated).
+        let mut pairs = Vec::with_capacity(param_users.len());
+        for q in 0..p {
+            let (lo, hi) = (param_offsets[q] as usize, param_offsets[q + 1] as usize);
+            for &u in &param_users[lo..hi] {
+                pairs.push((u, q as u32));
+            }
+        }
+        let (node_param_offsets, node_param_ids) = build_csr(n, &pairs);
+        // node -> consumers (deduplicated).
+        pairs.clear();
+        for v in 0..n {
+            let (lo, hi) = (input_offsets[v] as usize, input_offsets[v + 1] as usize);
+            for &u in &input_ids[lo..hi] {
+                pairs.push((u, v as u32));
+            }
+        }
+        let (consumer_offsets, consumer_ids) = build_csr(n, &pairs);
+        let mut is_output = vec![false; n];
+        for &o in &output_ids {
+            is_output[o as usize] = true;
+        }
+
+        Ok(Self {
+            node_flops,
+            node_out_bytes,
+            node_host_only,
+            input_offsets,
+            input_ids,
+            param_bytes,
+            param_offsets,
+            param_users,
+            output_ids,
+            node_param_offsets,
+            node_param_ids,
+            consumer_offsets,
+            consumer_ids,
+            is_output,
+        })
+    }
+
+    /// Number of nodes.
+    #[must_use]
+    pub fn num_nodes(&self) -> usize {
+        self.node_flops.len()
+    }
+
+    /// Number of parameters.
+    #[must_use]
+    pub fn num_params(&self) -> usize {
+        self.param_bytes.len()
+    }
+
+    /// Floating-point operations of each node.
+    #[must_use]
+    pub fn node_flops(&self) -> &[f64] {
+        &self.node_flops
+    }
+
+    /// Size in bytes of each node's output value.
+    #[must_use]
+    pub fn node_out_bytes(&self) -> &[u64] {
+        &self.node_out_bytes
+    }
+
+    /// Whether each node must run on the host.
+    #[must_use]
+    pub fn node_host_only(&self) -> &[bool] {
+        &self.node_host_only
+    }
+
+    /// CSR offsets of the data inputs (`n + 1` entries).
+    #[must_use]
+    pub fn input_offsets(&self) -> &[u32] {
+        &self.input_offsets
+    }
+
+    /// CSR ids of the data inputs, as given.
+    #[must_use]
+    pub fn input_ids(&self) -> &[u32] {
+        &self.input_ids
+    }
+
+    /// Size in bytes of each parameter.
+    #[must_use]
+    pub fn param_bytes(&self) -> &[u64] {
+        &self.param_bytes
+    }
+
+    /// CSR offsets of the parameter users (`p + 1` entries).
+    #[must_use]
+    pub fn param_offsets(&self) -> &[u32] {
+        &self.param_offsets
+    }
+
+    /// CSR ids of the parameter users, as given.
+    #[must_use]
+    pub fn param_users_flat(&self) -> &[u32] {
+        &self.param_users
+    }
+
+    /// Nodes whose values are graph outputs, as given.
+    #[must_use]
+    pub fn output_ids(&self) -> &[u32] {
+        &self.output_ids
+    }
+
+    /// The data inputs of `node`, as given (may repeat).
+    #[must_use]
+    pub fn inputs(&self, node: usize) -> &[u32] {
+        let (lo, hi) = (self.input_offsets[node], self.input_offsets[node + 1]);
+        &self.input_ids[lo as usize..hi as usize]
+    }
+
+    /// The nodes using `param`, as given (may repeat, any order).
+    #[must_use]
+    pub fn param_users(&self, param: usize) -> &[u32] {
+        let (lo, hi) = (self.param_offsets[param], self.param_offsets[param + 1]);
+        &self.param_users[lo as usize..hi as usize]
+    }
+
+    /// The distinct parameters used by `node`, ascending.
+    #[must_use]
+    pub fn node_params(&self, node: usize) -> &[u32] {
+        let (lo, hi) = (self.node_param_offsets[node], self.node_param_offsets[node + 1]);
+        &self.node_param_ids[lo as usize..hi as usize]
+    }
+
+    /// The distinct nodes consuming `node`'s value, ascending.
+    #[must_use]
+    pub fn consumers(&self, node: usize) -> &[u32] {
+        let (lo, hi) = (self.consumer_offsets[node], self.consumer_offsets[node + 1]);
+        &self.consumer_ids[lo as usize..hi as usize]
+    }
+
+    /// Whether `node`'s value is a graph output.
+    #[must_use]
+    pub fn is_output(&self, node: usize) -> bool {
+        self.is_output[node]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_nodes() -> CostGraph {
+        CostGraph::new(
+            vec![0.0, 1.0],
+            vec![4, 8],
+            vec![true, false],
+            vec![0, 0, 2],
+            vec![0, 0],
+            vec![16],
+            vec![0, 2],
+            vec![1, 1],
+            vec![1, 1],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn derived_indices_are_deduplicated() {
+        let g = two_nodes();
+        assert_eq!(g.consumers(0), &[1]);
+        assert_eq!(g.node_params(1), &[0]);
+        assert!(g.node_params(0).is_empty());
+        assert!(g.is_output(1));
+        assert!(!g.is_output(0));
+        assert_eq!(g.inputs(1), &[0, 0]);
+    }
+
+    #[test]
+    fn csr_rows_are_sorted() {
+        let (off, ids) = build_csr(3, &[(2, 5), (0, 3), (2, 1), (2, 5), (0, 3)]);
+        assert_eq!(off, vec![0, 1, 1, 3]);
+        assert_eq!(ids, vec![3, 1, 5]);
+    }
+}

@@ -1,0 +1,128 @@
+//! Placements and their segments.
+
+use crate::graph::CostGraph;
+
+/// The host's index in every device list.
+pub(crate) const HOST: u32 = 0;
+
+/// Where each node runs and which parameters are streamed.
+///
+/// A parameter that is not streamed is resident on every accelerator whose
+/// nodes use it. Parameters used only by host nodes are never streamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub(crate) node_device: Vec<u32>,
+    pub(crate) param_streamed: Vec<bool>,
+}
+
+/// The stay of one streamed parameter on one accelerator: prefetched for its
+/// first using segment there, evicted after its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamSpan {
+    pub(crate) param: u32,
+    pub(crate) device: u32,
+    pub(crate) first_segment: u32,
+    pub(crate) last_segment: u32,
+    /// The segment whose start issues the prefetch: the previous segment on
+    /// the same device, or `None` for "at time 0".
+    pub(crate) issue_segment: Option<u32>,
+}
+
+/// Segments of a placement, plus the streaming spans they imply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Segmentation {
+    pub(crate) node_segment: Vec<u32>,
+    pub(crate) segment_device: Vec<u32>,
+    /// First and last node of each segment (segments are contiguous).
+    pub(crate) segment_first_node: Vec<u32>,
+    pub(crate) segment_last_node: Vec<u32>,
+    /// Spans ordered by `(first_segment, param)`.
+    pub(crate) spans: Vec<StreamSpan>,
+}
+
+/// Whether `node` (placed on `device`) uses a streamed parameter.
+pub(crate) fn uses_streamed(g: &CostGraph, streamed: &[bool], node: usize, device: u32) -> bool {
+    device != HOST && g.node_params(node).iter().any(|&q| streamed[q as usize])
+}
+
+/// Cuts the nodes into segments: maximal runs of consecutive nodes on one
+/// device, additionally cut on accelerators so that a node using a streamed
+/// parameter starts a new segment when the current segment already holds a
+/// node using a streamed parameter.
+pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
+    let n = g.num_nodes();
+    let mut node_segment = Vec::with_capacity(n);
+    let mut segment_device: Vec<u32> = Vec::new();
+    let mut segment_first_node: Vec<u32> = Vec::new();
+    let mut segment_last_node: Vec<u32> = Vec::new();
+    let mut has_streamed = false;
+    for v in 0..n {
+        let d = pl.node_device[v];
+        let streams = uses_streamed(g, &pl.param_streamed, v, d);
+        let new_segment = match segment_device.last() {
+            None => true,
+            Some(&cur) => cur != d || (streams && has_streamed),
+        };
+        if new_segment {
+            segment_device.push(d);
+            segment_first_node.push(v as u32);
+            segment_last_node.push(v as u32);
+            has_streamed = false;
+        }
+        let s = segment_device.len() - 1;
+        segment_last_node[s] = v as u32;
+        has_streamed |= streams;
+        node_segment.push(s as u32);
+    }
+
+    // Previous segment on the same device.
+    let num_devices = segment_device.iter().map(|&d| d as usize + 1).max().unwrap_or(1);
+    let mut last_on_device: Vec<Option<u32>> = vec![None; num_devices];
+    let mut prev_on_device = Vec::with_capacity(segment_device.len());
+    for (s, &d) in segment_device.iter().enumerate() {
+        prev_on_device.push(last_on_device[d as usize]);
+        last_on_device[d as usize] = Some(s as u32);
+    }
+
+    // Streaming spans: one per (streamed param, accelerator using it).
+    let mut spans = Vec::new();
+    let mut seen: Vec<(u32, u32, u32)> = Vec::new(); // (device, first, last)
+    for q in 0..g.num_params() {
+        if !pl.param_streamed[q] {
+            continue;
+        }
+        seen.clear();
+        for &u in g.param_users(q) {
+            let d = pl.node_device[u as usize];
+            if d == HOST {
+                continue;
+            }
+            let s = node_segment[u as usize];
+            match seen.iter_mut().find(|e| e.0 == d) {
+                Some(e) => {
+                    e.1 = e.1.min(s);
+                    e.2 = e.2.max(s);
+                }
+                None => seen.push((d, s, s)),
+            }
+        }
+        for &(device, first_segment, last_segment) in &seen {
+            spans.push(StreamSpan {
+                param: q as u32,
+                device,
+                first_segment,
+                last_segment,
+                issue_segment: prev_on_device[first_segment as usize],
+            });
+        }
+    }
+    spans.sort_unstable_by_key(|s| (s.first_segment, s.param));
+
+    Segmentation {
+        node_segment,
+        segment_device,
+        segment_first_node,
+        segment_last_node,
+        spans,
+    }
+}
