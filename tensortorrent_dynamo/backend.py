@@ -30,7 +30,7 @@ from .settings import Settings, parse_options
 
 register()  # torch normally did this through the entry point; cheap and idempotent
 log = logging.getLogger(__name__)
-plan_log = torch._logging.getArtifactLogger(__name__, PLAN_ARTIFACT)
+plan_log = torch._logging._internal.getArtifactLogger(__name__, PLAN_ARTIFACT)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -37,7 +37,7 @@ def _inductor(sub: torch.fx.GraphModule, name: str, strict: bool) -> Callable[..
             stacklevel=2,
         )
         return None
-    return compiled  # type: ignore[no-any-return]
+    return cast(Callable[..., Any], compiled)
 
 
 def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings) -> dict[str, str]:

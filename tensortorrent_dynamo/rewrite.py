@@ -37,24 +37,20 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
     node_segment = plan.native.node_segment
 
-    parent = split_module(
-        gm, None, lambda n: node_segment[node_id[n.name]], keep_original_order=True
-    )
+    parent = split_module(gm, gm, lambda n: node_segment[node_id[n.name]], keep_original_order=True)
     parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph
     params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}
-    calls = [n for n in graph.nodes if n.op == "call_module" and n.target.startswith("submod_")]
+    calls: list[torch.fx.Node] = [
+        n for n in graph.nodes if n.op == "call_module" and n.target.startswith("submod_")
+    ]
     segments = {str(n.target): plan.segment_device(_segment_of(str(n.target))) for n in calls}
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(placeholders[-1] if placeholders else None):
         rt = graph.get_attr("tt_runtime")
 
-    device_of: dict[torch.fx.Node, str] = {}
-    for node in placeholders:
-        example = node.meta.get("example_value")
-        on_cuda = isinstance(example, torch.Tensor) and example.device.type == "cuda"
-        device_of[node] = str(example.device) if on_cuda else "cpu"
+    device_of: dict[torch.fx.Node, str] = {node: _home_device(node) for node in placeholders}
 
     moved: dict[tuple[torch.fx.Node, str], torch.fx.Node] = {}
     waited: dict[str, torch.fx.Node] = {}
@@ -157,9 +153,12 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[str]:
     output = next(n for n in gm.graph.nodes if n.op == "output")
     (results,) = output.args
     values = results if isinstance(results, (tuple, list)) else (results,)
-    devices = []
-    for value in values:
-        example = value.meta.get("example_value") if isinstance(value, torch.fx.Node) else None
-        on_cuda = isinstance(example, torch.Tensor) and example.device.type == "cuda"
-        devices.append(str(example.device) if on_cuda else "cpu")
-    return devices
+    return [_home_device(v) if isinstance(v, torch.fx.Node) else "cpu" for v in values]
+
+
+def _home_device(node: torch.fx.Node) -> str:
+    """Where eager execution holds this value: its CUDA device, else the host."""
+    example = node.meta.get("example_value")
+    if isinstance(example, torch.Tensor) and example.device.type == "cuda":
+        return str(example.device)
+    return "cpu"

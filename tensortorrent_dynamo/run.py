@@ -124,9 +124,9 @@ class VirtualDevice:
             yield
 
 
-class _AdoptOutputs(TorchDispatchMode):
+class _AdoptOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, device: VirtualDevice) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.device = device
 
     def __torch_dispatch__(
@@ -200,10 +200,10 @@ class Runtime(torch.nn.Module):
             return self.virtual[device].copy_in_async(param.detach(), what)
         stream = self._cuda_copy_streams.get(device)
         if stream is None:
-            stream = self._cuda_copy_streams[device] = torch.cuda.Stream(device)
+            stream = self._cuda_copy_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             buffer = param.detach().to(device, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
 
         def done() -> None:

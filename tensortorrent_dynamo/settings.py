@@ -105,7 +105,7 @@ def _choice(value: object, key: str, allowed: tuple[str, ...]) -> str:
         raise OptionsError(
             f"option {key!r}: got {value!r}; valid values are {', '.join(map(repr, allowed))}"
         )
-    return cast(str, value)
+    return str(value)
 
 
 def _virtual_spec(name: str, raw: object, budget: int | None) -> VirtualDeviceSpec:

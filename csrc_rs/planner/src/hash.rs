@@ -80,7 +80,7 @@ impl Fnv1a64 {
 
     /// The hash as 16 lowercase hex digits.
     pub(crate) fn hex(&self) -> String {
-        format!("{:016x}", self.state)
+        format!("{:016x}", self.finish())
     }
 }
 

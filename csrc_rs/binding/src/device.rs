@@ -1,0 +1,102 @@
+//! `Device`: one device of the machine (index 0 of a device list is the host).
+
+use pyo3::prelude::*;
+use tensortorrent_planner::Device;
+
+/// One device: its compute rate, memory budget and copy rates.
+#[pyclass(frozen, name = "Device", module = "tensortorrent_dynamo._planner")]
+pub(crate) struct PyDevice {
+    pub(crate) inner: Device,
+}
+
+#[pymethods]
+impl PyDevice {
+    #[new]
+    #[pyo3(signature = (
+        name,
+        is_host,
+        flops_per_s,
+        budget_bytes,
+        h2d_bytes_per_s,
+        d2h_bytes_per_s,
+        latency_s,
+    ))]
+    fn new(
+        name: String,
+        is_host: bool,
+        flops_per_s: f64,
+        budget_bytes: u64,
+        h2d_bytes_per_s: f64,
+        d2h_bytes_per_s: f64,
+        latency_s: f64,
+    ) -> Self {
+        Self {
+            inner: Device {
+                name,
+                is_host,
+                flops_per_s,
+                budget_bytes,
+                h2d_bytes_per_s,
+                d2h_bytes_per_s,
+                latency_s,
+            },
+        }
+    }
+
+    /// Unique device name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Whether this is the host.
+    #[getter]
+    fn is_host(&self) -> bool {
+        self.inner.is_host
+    }
+
+    /// Compute rate in floating-point operations per second.
+    #[getter]
+    fn flops_per_s(&self) -> f64 {
+        self.inner.flops_per_s
+    }
+
+    /// Memory the plan may use on this device, in bytes.
+    #[getter]
+    fn budget_bytes(&self) -> u64 {
+        self.inner.budget_bytes
+    }
+
+    /// Host-to-device copy rate in bytes per second.
+    #[getter]
+    fn h2d_bytes_per_s(&self) -> f64 {
+        self.inner.h2d_bytes_per_s
+    }
+
+    /// Device-to-host copy rate in bytes per second.
+    #[getter]
+    fn d2h_bytes_per_s(&self) -> f64 {
+        self.inner.d2h_bytes_per_s
+    }
+
+    /// Fixed cost per node, in seconds.
+    #[getter]
+    fn latency_s(&self) -> f64 {
+        self.inner.latency_s
+    }
+
+    fn __repr__(&self) -> String {
+        let d = &self.inner;
+        format!(
+            "Device(name={:?}, is_host={}, flops_per_s={:e}, budget_bytes={}, \
+             h2d_bytes_per_s={:e}, d2h_bytes_per_s={:e}, latency_s={:e})",
+            d.name,
+            if d.is_host { "True" } else { "False" },
+            d.flops_per_s,
+            d.budget_bytes,
+            d.h2d_bytes_per_s,
+            d.d2h_bytes_per_s,
+            d.latency_s
+        )
+    }
+}

@@ -1,0 +1,75 @@
+//! `CostGraph`: the validated flat arrays of one captured graph.
+
+use pyo3::prelude::*;
+use tensortorrent_planner::CostGraph;
+
+use crate::error::to_py_err;
+
+/// A validated cost graph (flat arrays in topological order).
+#[pyclass(frozen, name = "CostGraph", module = "tensortorrent_dynamo._planner")]
+pub(crate) struct PyCostGraph {
+    pub(crate) inner: CostGraph,
+}
+
+#[pymethods]
+impl PyCostGraph {
+    #[new]
+    #[pyo3(signature = (
+        node_flops,
+        node_out_bytes,
+        node_host_only,
+        input_offsets,
+        input_ids,
+        param_bytes,
+        param_offsets,
+        param_users,
+        output_ids,
+    ))]
+    fn new(
+        py: Python<'_>,
+        node_flops: Vec<f64>,
+        node_out_bytes: Vec<u64>,
+        node_host_only: Vec<bool>,
+        input_offsets: Vec<u32>,
+        input_ids: Vec<u32>,
+        param_bytes: Vec<u64>,
+        param_offsets: Vec<u32>,
+        param_users: Vec<u32>,
+        output_ids: Vec<u32>,
+    ) -> PyResult<Self> {
+        CostGraph::new(
+            node_flops,
+            node_out_bytes,
+            node_host_only,
+            input_offsets,
+            input_ids,
+            param_bytes,
+            param_offsets,
+            param_users,
+            output_ids,
+        )
+        .map(|inner| Self { inner })
+        .map_err(|e| to_py_err(py, &e))
+    }
+
+    /// Number of nodes.
+    #[getter]
+    fn num_nodes(&self) -> usize {
+        self.inner.num_nodes()
+    }
+
+    /// Number of parameters.
+    #[getter]
+    fn num_params(&self) -> usize {
+        self.inner.num_params()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CostGraph(num_nodes={}, num_params={}, num_outputs={})",
+            self.inner.num_nodes(),
+            self.inner.num_params(),
+            self.inner.output_ids().len()
+        )
+    }
+}

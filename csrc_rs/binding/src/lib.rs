@@ -1,0 +1,30 @@
+//! Python binding of the TensorTorrent planner: `tensortorrent_dynamo._planner`.
+//!
+//! Every module here only converts types and errors; the planning lives in
+//! the `tensortorrent-planner` crate.
+
+use pyo3::prelude::*;
+
+mod device;
+mod error;
+mod graph;
+mod plan;
+
+/// Native planner of TensorTorrent: where each node runs, which parameters
+/// stay resident and which are streamed, and the predicted time and memory.
+#[pymodule]
+fn _planner(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<graph::PyCostGraph>()?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_class::<plan::PyCandidate>()?;
+    m.add_class::<plan::PyPlan>()?;
+    m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    Ok(())
+}
+
+/// The planner's version.
+#[pyfunction]
+fn version() -> &'static str {
+    tensortorrent_planner::VERSION
+}

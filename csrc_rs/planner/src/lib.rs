@@ -1,0 +1,59 @@
+//! Native planner of TensorTorrent.
+//!
+//! Given a [`CostGraph`] (the work, data flow and parameters of one captured
+//! graph, in topological order) and a list of [`Device`]s (the host at index
+//! 0, then accelerators), [`plan`] decides where each node runs, which
+//! parameters stay resident on an accelerator and which are streamed in per
+//! segment, and predicts the run's time and per-device peak memory.
+//!
+//! ```
+//! use tensortorrent_planner::{plan, CostGraph, Device, Objective};
+//!
+//! // x (a graph input on the host) -> linear(W) -> output.
+//! let graph = CostGraph::new(
+//!     vec![0.0, 2e9],       // flops per node
+//!     vec![4096, 4096],     // output bytes per node
+//!     vec![true, false],    // the input placeholder must stay on the host
+//!     vec![0, 0, 1],        // input offsets
+//!     vec![0],              // node 1 reads node 0
+//!     vec![1 << 20],        // one 1 MiB parameter
+//!     vec![0, 1],           // param offsets
+//!     vec![1],              // used by node 1
+//!     vec![1],              // node 1 is the output
+//! )?;
+//! let device = |name: &str, is_host: bool, flops_per_s: f64| Device {
+//!     name: name.into(),
+//!     is_host,
+//!     flops_per_s,
+//!     budget_bytes: 1 << 30,
+//!     h2d_bytes_per_s: 1e10,
+//!     d2h_bytes_per_s: 1e10,
+//!     latency_s: 1e-5,
+//! };
+//! let devices = [device("cpu", true, 1e10), device("virtual:0", false, 1e12)];
+//!
+//! let p = plan(&graph, &devices, Objective::Latency, true)?;
+//! assert_eq!(p.chosen, "all-on-virtual:0");
+//! assert_eq!(p.node_device, vec![0, 1]);
+//! assert_eq!(p.param_streamed, vec![false]);
+//! assert_eq!(p.plan_hash.len(), 16);
+//! # Ok::<(), tensortorrent_planner::PlanError>(())
+//! ```
+#![warn(missing_docs)]
+
+mod device;
+mod error;
+mod graph;
+mod hash;
+mod plan;
+mod simulate;
+
+pub use crate::{
+    device::{validate_devices, Device},
+    error::PlanError,
+    graph::CostGraph,
+    plan::{plan, Candidate, Objective, Plan},
+};
+
+/// Version of this crate.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

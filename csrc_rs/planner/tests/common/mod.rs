@@ -1,0 +1,143 @@
+//! Builders shared by the integration tests.
+
+// Each test crate uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use tensortorrent_planner::{CostGraph, Device};
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * 1024;
+
+/// Builds a cost graph node by node.
+#[derive(Default, Clone)]
+pub struct Builder {
+    flops: Vec<f64>,
+    out: Vec<u64>,
+    host_only: Vec<bool>,
+    inputs: Vec<Vec<u32>>,
+    params: Vec<(u64, Vec<u32>)>,
+    outputs: Vec<u32>,
+}
+
+impl Builder {
+    pub fn node(&mut self, flops: f64, out: u64, host_only: bool, inputs: &[u32]) -> u32 {
+        self.flops.push(flops);
+        self.out.push(out);
+        self.host_only.push(host_only);
+        self.inputs.push(inputs.to_vec());
+        self.flops.len() as u32 - 1
+    }
+
+    /// A host-only graph input.
+    pub fn input(&mut self, out: u64) -> u32 {
+        self.node(0.0, out, true, &[])
+    }
+
+    pub fn param(&mut self, bytes: u64, users: &[u32]) -> u32 {
+        self.params.push((bytes, users.to_vec()));
+        self.params.len() as u32 - 1
+    }
+
+    pub fn output(&mut self, node: u32) {
+        self.outputs.push(node);
+    }
+
+    pub fn build(&self) -> CostGraph {
+        let mut input_offsets = vec![0u32];
+        let mut input_ids = Vec::new();
+        for ins in &self.inputs {
+            input_ids.extend_from_slice(ins);
+            input_offsets.push(input_ids.len() as u32);
+        }
+        let mut param_offsets = vec![0u32];
+        let mut param_users = Vec::new();
+        for (_, users) in &self.params {
+            param_users.extend_from_slice(users);
+            param_offsets.push(param_users.len() as u32);
+        }
+        CostGraph::new(
+            self.flops.clone(),
+            self.out.clone(),
+            self.host_only.clone(),
+            input_offsets,
+            input_ids,
+            self.params.iter().map(|p| p.0).collect(),
+            param_offsets,
+            param_users,
+            self.outputs.clone(),
+        )
+        .expect("test graphs are valid")
+    }
+}
+
+/// A chain MLP: a host input, then `layers` linear nodes (each with its own
+/// `weight`-byte parameter and `flops` work), each followed by a parameterless
+/// ReLU when `relu`; the last node is the output.
+pub fn mlp(layers: usize, weight: u64, act: u64, flops: f64, relu: bool) -> CostGraph {
+    let mut b = Builder::default();
+    let mut prev = b.input(act);
+    for _ in 0..layers {
+        let lin = b.node(flops, act, false, &[prev]);
+        b.param(weight, &[lin]);
+        prev = lin;
+        if relu {
+            prev = b.node(act as f64, act, false, &[prev]);
+        }
+    }
+    b.output(prev);
+    b.build()
+}
+
+pub fn host(budget: u64) -> Device {
+    Device {
+        name: "cpu".into(),
+        is_host: true,
+        flops_per_s: 1e10,
+        budget_bytes: budget,
+        h2d_bytes_per_s: 0.0,
+        d2h_bytes_per_s: 0.0,
+        latency_s: 1e-6,
+    }
+}
+
+pub fn accelerator(name: &str, budget: u64) -> Device {
+    Device {
+        name: name.into(),
+        is_host: false,
+        flops_per_s: 1e12,
+        budget_bytes: budget,
+        h2d_bytes_per_s: 1e10,
+        d2h_bytes_per_s: 1e10,
+        latency_s: 1e-6,
+    }
+}
+
+/// Host with a large budget plus one accelerator `virtual:0`.
+pub fn machine(acc_budget: u64) -> Vec<Device> {
+    vec![host(1 << 40), accelerator("virtual:0", acc_budget)]
+}
+
+/// Tiny deterministic xorshift64* generator.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}

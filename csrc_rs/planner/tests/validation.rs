@@ -1,0 +1,201 @@
+//! Validation of cost graphs, devices and objectives.
+
+mod common;
+
+use common::{accelerator, host, mlp};
+use tensortorrent_planner::{plan, validate_devices, CostGraph, Objective, PlanError};
+
+struct Arrays {
+    node_flops: Vec<f64>,
+    node_out_bytes: Vec<u64>,
+    node_host_only: Vec<bool>,
+    input_offsets: Vec<u32>,
+    input_ids: Vec<u32>,
+    param_bytes: Vec<u64>,
+    param_offsets: Vec<u32>,
+    param_users: Vec<u32>,
+    output_ids: Vec<u32>,
+}
+
+/// x -> a -> b, one param used by a and b, output b.
+fn valid() -> Arrays {
+    Arrays {
+        node_flops: vec![0.0, 10.0, 10.0],
+        node_out_bytes: vec![8, 8, 8],
+        node_host_only: vec![true, false, false],
+        input_offsets: vec![0, 0, 1, 2],
+        input_ids: vec![0, 1],
+        param_bytes: vec![64],
+        param_offsets: vec![0, 2],
+        param_users: vec![1, 2],
+        output_ids: vec![2],
+    }
+}
+
+fn build(a: Arrays) -> Result<CostGraph, PlanError> {
+    CostGraph::new(
+        a.node_flops,
+        a.node_out_bytes,
+        a.node_host_only,
+        a.input_offsets,
+        a.input_ids,
+        a.param_bytes,
+        a.param_offsets,
+        a.param_users,
+        a.output_ids,
+    )
+}
+
+fn graph_error(edit: impl FnOnce(&mut Arrays)) -> String {
+    let mut a = valid();
+    edit(&mut a);
+    match build(a) {
+        Err(PlanError::InvalidGraph(msg)) => msg,
+        other => panic!("expected InvalidGraph, got {other:?}"),
+    }
+}
+
+#[test]
+fn valid_graph_builds() {
+    let g = build(valid()).unwrap();
+    assert_eq!(g.num_nodes(), 3);
+    assert_eq!(g.num_params(), 1);
+    assert_eq!(g.consumers(1), &[2]);
+}
+
+#[test]
+fn empty_graph_is_valid_and_plans() {
+    let g = CostGraph::new(vec![], vec![], vec![], vec![0], vec![], vec![], vec![0], vec![], vec![]).unwrap();
+    let p = plan(&g, &[host(0), accelerator("a", 0)], Objective::Latency, true).unwrap();
+    assert!(p.node_device.is_empty());
+    assert_eq!(p.predicted_time_s, 0.0);
+}
+
+#[test]
+fn bad_lengths_are_named() {
+    let msg = graph_error(|a| a.node_out_bytes.pop().map(drop).unwrap());
+    assert_eq!(msg, "node_out_bytes has 2 entries but node_flops has 3");
+    let msg = graph_error(|a| a.node_host_only.push(false));
+    assert_eq!(msg, "node_host_only has 4 entries but node_flops has 3");
+    let msg = graph_error(|a| a.input_offsets.pop().map(drop).unwrap());
+    assert_eq!(msg, "input_offsets has 3 entries, expected 4 (one more than the 3 rows)");
+    let msg = graph_error(|a| a.param_offsets = vec![0]);
+    assert_eq!(msg, "param_offsets has 1 entries, expected 2 (one more than the 1 rows)");
+}
+
+#[test]
+fn bad_offsets_are_named() {
+    let msg = graph_error(|a| a.input_offsets = vec![1, 1, 1, 2]);
+    assert_eq!(msg, "input_offsets[0] is 1, expected 0");
+    let msg = graph_error(|a| a.input_offsets = vec![0, 2, 1, 2]);
+    assert_eq!(msg, "input_offsets decreases at index 2: 2 > 1");
+    let msg = graph_error(|a| a.input_offsets = vec![0, 0, 1, 1]);
+    assert_eq!(msg, "input_offsets[3] is 1 but input_ids has 2 entries");
+    let msg = graph_error(|a| a.param_offsets = vec![0, 3]);
+    assert_eq!(msg, "param_offsets[1] is 3 but param_users has 2 entries");
+}
+
+#[test]
+fn non_topological_input_is_rejected() {
+    // Node 1 reads node 2, which comes after it.
+    let msg = graph_error(|a| a.input_ids = vec![2, 1]);
+    assert!(msg.contains("input_ids[0] = 2 is an input of node 1"), "{msg}");
+    assert!(msg.contains("topological order"), "{msg}");
+    // A node reading itself.
+    let msg = graph_error(|a| a.input_ids = vec![0, 2]);
+    assert!(msg.contains("input_ids[1] = 2 is an input of node 2"), "{msg}");
+}
+
+#[test]
+fn out_of_range_ids_are_rejected() {
+    let msg = graph_error(|a| a.input_ids = vec![0, 7]);
+    assert_eq!(msg, "input_ids[1] = 7 (an input of node 2) is out of range for 3 nodes");
+    let msg = graph_error(|a| a.param_users = vec![1, 3]);
+    assert_eq!(msg, "param_users[1] = 3 is out of range for 3 nodes");
+    let msg = graph_error(|a| a.output_ids = vec![2, 9]);
+    assert_eq!(msg, "output_ids[1] = 9 is out of range for 3 nodes");
+}
+
+#[test]
+fn bad_flops_are_rejected() {
+    let msg = graph_error(|a| a.node_flops[1] = f64::NAN);
+    assert_eq!(msg, "node_flops[1] is NaN; flops must be finite and non-negative");
+    let msg = graph_error(|a| a.node_flops[2] = -1.0);
+    assert_eq!(msg, "node_flops[2] is -1; flops must be finite and non-negative");
+}
+
+#[test]
+fn repeated_ids_count_once() {
+    let g = build(Arrays {
+        input_offsets: vec![0, 0, 2, 3],
+        input_ids: vec![0, 0, 1],
+        param_offsets: vec![0, 3],
+        param_users: vec![2, 1, 2],
+        output_ids: vec![2, 2],
+        ..valid()
+    })
+    .unwrap();
+    assert_eq!(g.inputs(1), &[0, 0]);
+    assert_eq!(g.consumers(0), &[1]);
+    assert_eq!(g.node_params(2), &[0]);
+    let p = plan(&g, &[host(1 << 30), accelerator("a", 1 << 30)], Objective::Latency, false).unwrap();
+    assert_eq!(p.node_device, vec![0, 1, 1]);
+}
+
+fn device_error(devices: &[tensortorrent_planner::Device]) -> String {
+    match validate_devices(devices) {
+        Err(PlanError::InvalidDevices(msg)) => msg,
+        other => panic!("expected InvalidDevices, got {other:?}"),
+    }
+}
+
+#[test]
+fn devices_need_exactly_one_host_first() {
+    assert!(validate_devices(&[host(1), accelerator("a", 1)]).is_ok());
+    assert!(device_error(&[]).contains("empty"));
+    assert_eq!(
+        device_error(&[accelerator("a", 1), host(1)]),
+        "device 0 (\"a\") must be the host (is_host = true)"
+    );
+    let mut second = host(1);
+    second.name = "cpu2".into();
+    assert!(device_error(&[host(1), second]).contains("device 1 (\"cpu2\") is a second host"));
+}
+
+#[test]
+fn devices_need_unique_names_and_sane_rates() {
+    assert_eq!(
+        device_error(&[host(1), accelerator("a", 1), accelerator("a", 2)]),
+        "devices 1 and 2 are both named \"a\"; names must be unique"
+    );
+    let mut slow = accelerator("a", 1);
+    slow.flops_per_s = 0.0;
+    assert!(device_error(&[host(1), slow]).contains("flops_per_s = 0"));
+    let mut no_link = accelerator("a", 1);
+    no_link.h2d_bytes_per_s = 0.0;
+    assert!(device_error(&[host(1), no_link]).contains("h2d_bytes_per_s = 0"));
+    let mut late = accelerator("a", 1);
+    late.latency_s = -1.0;
+    assert!(device_error(&[host(1), late]).contains("latency_s = -1"));
+    let mut nameless = accelerator("", 1);
+    nameless.name.clear();
+    assert_eq!(device_error(&[host(1), nameless]), "device 1 has an empty name");
+}
+
+#[test]
+fn plan_validates_devices() {
+    let g = mlp(2, 16, 4, 1.0, false);
+    let err = plan(&g, &[accelerator("a", 1)], Objective::Latency, true).unwrap_err();
+    assert!(matches!(err, PlanError::InvalidDevices(_)), "{err:?}");
+}
+
+#[test]
+fn unknown_objective_lists_valid_ones() {
+    let err = "speed".parse::<Objective>().unwrap_err();
+    let PlanError::InvalidObjective(msg) = &err else {
+        panic!("expected InvalidObjective, got {err:?}");
+    };
+    assert!(msg.contains("\"speed\""), "{msg}");
+    assert!(msg.contains("latency, memory, throughput"), "{msg}");
+    assert_eq!("memory".parse::<Objective>(), Ok(Objective::Memory));
+}
