@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .backend import CompiledGraph, TensorTorrentBackend
+from .errors import TensorTorrentError
 from .explain import explain
 from .settings import parse_options
 
@@ -30,7 +31,13 @@ class CompiledModule(torch.nn.Module):
         return self.backend.graphs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.compiled(*args, **kwargs)
+        try:
+            return self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            # Dynamo wraps whatever a backend raises; our own errors say more alone.
+            if isinstance(exc.inner_exception, TensorTorrentError):
+                raise exc.inner_exception from None
+            raise
 
     def explain(self) -> str:
         return explain(self.graphs)

@@ -1,35 +1,133 @@
-"""The ``tensortorrent`` command: ``doctor`` and ``demo``."""
+"""The ``tensortorrent`` command: ``doctor``, ``validate-hardware`` and ``demo``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest parent that exists (where free space and access are known)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path.cwd()
+
+
+def _devices_section(hints: list[str]) -> None:
+    """Print the compute devices and their memory (the host's RAM first)."""
+    import psutil
+    import torch
+
+    from .profile import detect_cuda_devices, detect_xpu_devices
+    from .profile.detect import cpu_model, gpu_runtime
+    from .units import format_bytes
+
+    mem = psutil.virtual_memory()
+    print(
+        f"cpu           {cpu_model()}, {psutil.cpu_count(logical=True)} logical cores "
+        f"({psutil.cpu_count(logical=False) or '?'} physical), "
+        f"torch uses {torch.get_num_threads()} threads"
+    )
+    print(f"ram           {format_bytes(mem.total)} total, {format_bytes(mem.available)} available")
+    cuda = detect_cuda_devices()
+    xpu = detect_xpu_devices()
+    for name in cuda:
+        index = int(name.split(":")[1])
+        props = torch.cuda.get_device_properties(index)
+        try:
+            free, _ = torch.cuda.mem_get_info(index)
+            free_text = f", {format_bytes(free)} free"
+        except RuntimeError as exc:
+            free_text = f", free memory unknown ({exc})"
+        print(
+            f"{name:<13} {props.name}, {format_bytes(props.total_memory)} total{free_text} "
+            f"({gpu_runtime()})"
+        )
+    for name in xpu:
+        xprops = torch.xpu.get_device_properties(int(name.split(":")[1]))
+        print(
+            f"{name:<13} {xprops.name}, {format_bytes(xprops.total_memory)} total "
+            "(seen; the planner does not place on XPU devices yet)"
+        )
+    if not cuda and not xpu:
+        print("accelerators  none seen (virtual:N devices can be declared through options)")
+        if torch.version.cuda is None and torch.version.hip is None:
+            hints.append(
+                "this torch has no GPU runtime: install a CUDA or ROCm build of torch to use a GPU"
+            )
+    print(f"planner sees  {', '.join(['cpu', *cuda])} (add virtual:N through options)")
+
+
+def _profile_section(hints: list[str]) -> None:
+    """Print the offload directory's free space and the cached profile, if any."""
+    import psutil
+
+    from .profile import cache
+    from .profile.detect import current_fingerprint
+    from .profile.disk import filesystem
+    from .profile.report import format_value
+    from .settings import PROFILE_ENV, default_profile
+    from .units import format_bytes
+
+    offload = cache.default_offload_dir()
+    on = _existing_ancestor(offload)
+    free = psutil.disk_usage(str(on)).free
+    print(f"offload dir   {offload}: {format_bytes(free)} free ({filesystem(on)})")
+    if not os.access(on, os.W_OK):
+        hints.append(
+            f"{on} is not writable: pass --offload-dir to validate-hardware, or set "
+            f"{cache.CACHE_DIR_ENV} to a writable directory"
+        )
+    source = f" (from ${PROFILE_ENV})" if os.environ.get(PROFILE_ENV) else ""
+    print(f"profile       option default {default_profile()!r}{source}")
+    found = cache.lookup(current_fingerprint())
+    m = found.measurements
+    if m is None:
+        print(f"cached        none: {found.problem}")
+        hints.append(
+            f"{found.problem}: run `tensortorrent validate-hardware` (otherwise the first "
+            "compile measures a short profile, a few seconds)"
+        )
+        return
+    print(f"cached        {found.path}, {m.mode}, {cache.age_text(m.created_at)} old")
+    cpu = m.device("cpu")
+    if cpu is not None:
+        print(
+            f"              cpu {format_value(cpu.matmul['float32'])} float32, "
+            f"memory {format_value(cpu.memory_bandwidth)}"
+        )
+    if m.disk.read.value is not None:
+        print(
+            f"              disk read {format_value(m.disk.read)}, "
+            f"write {format_value(m.disk.write)} at {m.disk.path}"
+        )
+    if m.mode == "short":
+        hints.append(
+            "the cached profile is the short one (float32 and memory bandwidth only): "
+            "run `tensortorrent validate-hardware` for every dtype, link and the disk"
+        )
 
 
 def doctor() -> int:
     """Print what this machine offers TensorTorrent and what is missing."""
-    import psutil
     import torch
 
     from ._native import native_planner
     from .errors import NativePlannerUnavailable
-    from .profile import detect_cuda_devices
-    from .units import format_bytes
 
-    mem = psutil.virtual_memory()
+    hints: list[str] = []
     print(f"python        {platform.python_version()}")
-    print(f"torch         {torch.__version__} (CUDA runtime {torch.version.cuda or 'none'})")
-    print(f"cpu           {psutil.cpu_count(logical=True)} logical cores")
-    print(f"ram           {format_bytes(mem.total)} total, {format_bytes(mem.available)} available")
-    cuda = detect_cuda_devices()
-    if cuda:
-        for name in cuda:
-            props = torch.cuda.get_device_properties(int(name.split(":")[1]))
-            print(f"{name:<13} {props.name}, {format_bytes(props.total_memory)}")
-    else:
-        print("accelerators  none seen (virtual:N devices can be declared through options)")
+    print(
+        f"torch         {torch.__version__} (CUDA runtime {torch.version.cuda or 'none'}, "
+        f"HIP {torch.version.hip or 'none'})"
+    )
+    _devices_section(hints)
+    _profile_section(hints)
     problems = 0
     try:
         planner = native_planner()
@@ -43,7 +141,64 @@ def doctor() -> int:
     else:
         problems += 1
         print("backend       NOT registered: reinstall the package (`pip install -e .`)")
+    for hint in hints:
+        print(f"to do         {hint}")
     return 1 if problems else 0
+
+
+def _offload_dir(requested: Path | None) -> Path | None:
+    """The directory to measure the disk at, or ``None`` after printing why there is none."""
+    from .profile import cache
+    from .profile.disk import writable_problem
+
+    if requested is not None:
+        problem = writable_problem(requested)
+        if problem:
+            print(
+                f"error: {problem}; pass --offload-dir with a directory you can write",
+                file=sys.stderr,
+            )
+            return None
+        return requested
+    offload = cache.default_offload_dir()
+    problem = writable_problem(offload)
+    if problem:
+        offload = cache.fallback_offload_dir()
+        print(f"note: {problem}; measuring the disk at {offload} instead", file=sys.stderr)
+    return offload
+
+
+def validate_hardware(output: Path | None, quick: bool, offload_dir: Path | None) -> int:
+    """Measure every device, link and the disk; print the table, cache it, write ``output``."""
+    from .profile import cache, measure_host
+    from .profile.progress import ProgressLine
+    from .profile.report import format_report
+
+    offload = _offload_dir(offload_dir)
+    if offload is None:
+        return 1
+    if output is not None and not os.access(_existing_ancestor(output.parent), os.W_OK):
+        print(f"error: cannot write the report to {output}", file=sys.stderr)
+        return 1
+    measured = measure_host("quick" if quick else "full", offload, ProgressLine())
+    print(format_report(measured))
+    try:
+        print(f"cached as {cache.save(measured)} (plans use it with profile='auto')")
+    except OSError as exc:
+        print(
+            f"warning: could not cache the profile in {cache.cache_dir()} ({exc.strerror}); "
+            f"set {cache.CACHE_DIR_ENV} to a writable directory",
+            file=sys.stderr,
+        )
+    if output is not None:
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(measured.to_json())
+        except OSError as exc:
+            print(f"error: cannot write the report to {output} ({exc.strerror})", file=sys.stderr)
+            return 1
+        print(f"wrote {output}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,10 +207,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="what was detected, what is missing")
+    validate = sub.add_parser(
+        "validate-hardware",
+        help="measure FLOP/s, memory, link and disk bandwidth; print, cache and save them",
+    )
+    validate.add_argument("--output", type=Path, help="write the measurements as JSON here")
+    validate.add_argument("--quick", action="store_true", help="smaller, faster measurements")
+    validate.add_argument(
+        "--offload-dir",
+        type=Path,
+        help="where to measure the disk (default: the cache's offload dir)",
+    )
     sub.add_parser("demo", help="plan, explain and run a model larger than its budget")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
+    if args.command == "validate-hardware":
+        return validate_hardware(args.output, args.quick, args.offload_dir)
     from .demo import main as demo_main
 
     return demo_main()

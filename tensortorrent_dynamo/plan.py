@@ -108,8 +108,9 @@ def plan_graph(
             is_host=d.profile.is_host,
             flops_per_s=d.profile.flops_per_s,
             budget_bytes=d.budget_bytes,
-            h2d_bytes_per_s=d.profile.h2d_bytes_per_s,
-            d2h_bytes_per_s=d.profile.d2h_bytes_per_s,
+            # the host has no link to itself: its rates are never used
+            h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,
+            d2h_bytes_per_s=0.0 if d.profile.is_host else d.profile.d2h_bytes_per_s,
             latency_s=d.profile.latency_s,
         )
         for d in devices

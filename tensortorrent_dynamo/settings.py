@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, Literal, cast, get_args
@@ -16,10 +17,16 @@ from .units import parse_bytes, parse_rate
 
 Objective = Literal["latency", "memory", "throughput"]
 Compiler = Literal["inductor", "eager"]
-ProfileChoice = Literal["nominal"]
+ProfileChoice = Literal["auto", "nominal"]
+PROFILE_ENV = "TENSORTORRENT_PROFILE"
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+|virtual:\d+)$")
 DEVICE_FORMS = "'cpu', 'cuda:N' (or 'cuda'), 'virtual:N'"
+
+
+def default_profile() -> str:
+    """The ``profile`` used when the options name none: ``$TENSORTORRENT_PROFILE`` or ``"auto"``."""
+    return os.environ.get(PROFILE_ENV) or "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +71,11 @@ class Settings:
         strict: raise instead of falling back to the CPU for nodes that cannot be
             costed or placed.
         virtual_devices: declared virtual accelerators by name (``virtual:N``).
-        profile: which host profile to plan with (``"nominal"``: built-in rates).
+        profile: which host profile to plan with: ``"auto"`` (this machine's measured
+            profile, cached per hardware fingerprint; the first use measures a short one in
+            a few seconds), ``"nominal"`` (built-in rates) or the path of a profile JSON
+            written by ``tensortorrent validate-hardware --output``. The default is
+            ``"auto"``, or the value of the environment variable ``TENSORTORRENT_PROFILE``.
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -73,7 +84,7 @@ class Settings:
     devices: tuple[str, ...] | None = None
     strict: bool = False
     virtual_devices: Mapping[str, VirtualDeviceSpec] = dataclasses.field(default_factory=dict)
-    profile: ProfileChoice = "nominal"
+    profile: str = dataclasses.field(default_factory=default_profile)
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -87,8 +98,29 @@ OPTION_HELP: dict[str, str] = {
     "devices": f"list of compute devices, each {DEVICE_FORMS}",
     "strict": "bool: error instead of CPU fallback for nodes that cannot be placed",
     "virtual_devices": "dict 'virtual:N' -> {" + ", ".join(_VIRTUAL_KEYS) + "}",
-    "profile": "one of " + ", ".join(repr(x) for x in get_args(ProfileChoice)),
+    "profile": (
+        "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
+        f"default 'auto' or ${PROFILE_ENV}"
+    ),
 }
+
+
+def _profile(value: object, where: str) -> str:
+    """``"auto"``, ``"nominal"``, or the absolute path of an existing profile file."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise OptionsError(f"{where}: expected a string, {OPTION_HELP['profile']}; got {value!r}")
+    if value in get_args(ProfileChoice):
+        return value
+    path = os.path.abspath(os.path.expanduser(value))
+    if not os.path.isfile(path):
+        choices = " or ".join(repr(x) for x in get_args(ProfileChoice))
+        raise OptionsError(
+            f"{where}: {value!r} is neither {choices} nor an existing profile file "
+            f"(no file at {path}); write one with `tensortorrent validate-hardware --output FILE`"
+        )
+    return path
 
 
 def _device_name(name: object, where: str) -> str:
@@ -199,8 +231,9 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
         devices=devices,
         strict=strict,
         virtual_devices=virtual,
-        profile=cast(
-            ProfileChoice,
-            _choice(merged.get("profile", "nominal"), "profile", get_args(ProfileChoice)),
+        profile=(
+            _profile(merged["profile"], "option 'profile'")
+            if "profile" in merged
+            else _profile(default_profile(), f"environment variable {PROFILE_ENV}")
         ),
     )

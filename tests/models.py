@@ -41,11 +41,11 @@ class TransformerBlock(nn.Module):
 class TwoBreaks(nn.Module):
     """Three graphs under Dynamo: two explicit graph breaks between MLP stages."""
 
-    def __init__(self, width: int = 64, seed: int = 0) -> None:
+    def __init__(self, width: int = 64, depth: int = 2, seed: int = 0) -> None:
         super().__init__()
-        self.a = mlp(width, 2, seed)
-        self.b = mlp(width, 2, seed + 1)
-        self.c = mlp(width, 2, seed + 2)
+        self.a = mlp(width, depth, seed)
+        self.b = mlp(width, depth, seed + 1)
+        self.c = mlp(width, depth, seed + 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.a(x)

@@ -88,8 +88,8 @@ impl PyDevice {
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
-            "Device(name={:?}, is_host={}, flops_per_s={:e}, budget_bytes={}, \
-             h2d_bytes_per_s={:e}, d2h_bytes_per_s={:e}, latency_s={:e})",
+            "Device(name={:?}, is_host={}, flops_per_s={:?}, budget_bytes={}, \
+             h2d_bytes_per_s={:?}, d2h_bytes_per_s={:?}, latency_s={:?})",
             d.name,
             if d.is_host { "True" } else { "False" },
             d.flops_per_s,

@@ -19,7 +19,10 @@ pub(crate) fn to_py_err(py: Python<'_>, err: &PlanError) -> PyErr {
     let raised = py.import(ERRORS_MODULE).and_then(|module| {
         let cls = module.getattr(class)?;
         match err {
-            PlanError::Infeasible { message, min_budgets } => {
+            PlanError::Infeasible {
+                message,
+                min_budgets,
+            } => {
                 let budgets = PyDict::new(py);
                 for (name, bytes) in min_budgets {
                     budgets.set_item(name, bytes)?;

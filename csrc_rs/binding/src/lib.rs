@@ -1,4 +1,4 @@
-//! Python binding of the TensorTorrent planner: `tensortorrent_dynamo._planner`.
+//! Python binding of the tensortorrent planner: `tensortorrent_dynamo._planner`.
 //!
 //! Every module here only converts types and errors; the planning lives in
 //! the `tensortorrent-planner` crate.
@@ -10,7 +10,7 @@ mod error;
 mod graph;
 mod plan;
 
-/// Native planner of TensorTorrent: where each node runs, which parameters
+/// Native planner of tensortorrent: where each node runs, which parameters
 /// stay resident and which are streamed, and the predicted time and memory.
 #[pymodule]
 fn _planner(m: &Bound<'_, PyModule>) -> PyResult<()> {

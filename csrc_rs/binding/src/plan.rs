@@ -42,7 +42,7 @@ impl PyCandidate {
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(
-            "Candidate(name={:?}, predicted_time_s={:e}, feasible={}, peak_bytes={:?})",
+            "Candidate(name={:?}, predicted_time_s={:?}, feasible={}, peak_bytes={:?})",
             c.name,
             c.predicted_time_s,
             if c.feasible { "True" } else { "False" },
@@ -135,7 +135,7 @@ impl PyPlan {
     fn __repr__(&self) -> String {
         let p = &self.inner;
         format!(
-            "Plan(chosen={:?}, predicted_time_s={:e}, peak_bytes={:?}, segments={}, plan_hash={:?})",
+            "Plan(chosen={:?}, predicted_time_s={:?}, peak_bytes={:?}, segments={}, plan_hash={:?})",
             p.chosen,
             p.predicted_time_s,
             p.peak_bytes,
@@ -158,7 +158,7 @@ pub(crate) fn plan(
     host_compute: bool,
 ) -> PyResult<PyPlan> {
     let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
-    let devices: Vec<Device> = devices.iter().map(|d| d.inner.clone()).collect();
+    let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
         .detach(|| tensortorrent_planner::plan(graph, &devices, objective, host_compute))
@@ -168,5 +168,8 @@ pub(crate) fn plan(
         .iter()
         .map(|c| Py::new(py, PyCandidate { inner: c.clone() }))
         .collect::<PyResult<_>>()?;
-    Ok(PyPlan { inner: planned, candidates })
+    Ok(PyPlan {
+        inner: planned,
+        candidates,
+    })
 }

@@ -15,9 +15,9 @@ pub struct Device {
     pub flops_per_s: f64,
     /// Memory the plan may use on this device, in bytes.
     pub budget_bytes: u64,
-    /// Host-to-device copy rate in bytes per second (unused for the host).
+    /// Host-to-device copy rate in bytes per second (ignored for the host).
     pub h2d_bytes_per_s: f64,
-    /// Device-to-host copy rate in bytes per second (unused for the host).
+    /// Device-to-host copy rate in bytes per second (ignored for the host).
     pub d2h_bytes_per_s: f64,
     /// Fixed cost added to every node run on this device, in seconds.
     pub latency_s: f64,
@@ -36,14 +36,17 @@ fn invalid(msg: String) -> PlanError {
 }
 
 /// Checks a device list: non-empty, exactly one host and it is index 0,
-/// unique non-empty names, positive finite compute rates, positive finite copy
-/// rates on accelerators, finite non-negative latencies.
+/// unique non-empty names, positive compute rates, positive copy rates on
+/// accelerators (the host's are ignored), finite non-negative latencies.
+/// Rates may be infinite.
 ///
 /// # Errors
 /// [`PlanError::InvalidDevices`] naming the first offending device and field.
 pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
     let Some(first) = devices.first() else {
-        return Err(invalid("the device list is empty; it needs the host at index 0".into()));
+        return Err(invalid(
+            "the device list is empty; it needs the host at index 0".into(),
+        ));
     };
     if !first.is_host {
         return Err(invalid(format!(
@@ -70,9 +73,11 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
                 d.name
             )));
         }
-        if !(d.flops_per_s.is_finite() && d.flops_per_s > 0.0) {
+        // Rates may be infinite (a free link, an instant device); latencies
+        // may not, or no time would be finite.
+        if d.flops_per_s.is_nan() || d.flops_per_s <= 0.0 {
             return Err(invalid(format!(
-                "device {i} ({:?}) has flops_per_s = {}; it must be finite and positive",
+                "device {i} ({:?}) has flops_per_s = {}; it must be positive",
                 d.name, d.flops_per_s
             )));
         }
@@ -82,16 +87,17 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
                 d.name, d.latency_s
             )));
         }
-        for (field, rate) in [("h2d_bytes_per_s", d.h2d_bytes_per_s), ("d2h_bytes_per_s", d.d2h_bytes_per_s)] {
-            let ok = if d.is_host {
-                rate.is_finite() && rate >= 0.0
-            } else {
-                rate.is_finite() && rate > 0.0
-            };
-            if !ok {
-                let need = if d.is_host { "finite and non-negative" } else { "finite and positive" };
+        if d.is_host {
+            // The host's own copy rates are never used.
+            continue;
+        }
+        for (field, rate) in [
+            ("h2d_bytes_per_s", d.h2d_bytes_per_s),
+            ("d2h_bytes_per_s", d.d2h_bytes_per_s),
+        ] {
+            if rate.is_nan() || rate <= 0.0 {
                 return Err(invalid(format!(
-                    "device {i} ({:?}) has {field} = {rate}; it must be {need}",
+                    "device {i} ({:?}) has {field} = {rate}; it must be positive",
                     d.name
                 )));
             }

@@ -48,10 +48,7 @@ fn check_offsets(
         )));
     }
     if offsets[0] != 0 {
-        return Err(invalid(format!(
-            "{what}[0] is {}, expected 0",
-            offsets[0]
-        )));
+        return Err(invalid(format!("{what}[0] is {}, expected 0", offsets[0])));
     }
     for (i, w) in offsets.windows(2).enumerate() {
         if w[1] < w[0] {
@@ -140,7 +137,10 @@ impl CostGraph {
     ) -> Result<Self, PlanError> {
         let n = node_flops.len();
         if n >= u32::MAX as usize {
-            return Err(invalid(format!("{n} nodes is too many (limit {})", u32::MAX - 1)));
+            return Err(invalid(format!(
+                "{n} nodes is too many (limit {})",
+                u32::MAX - 1
+            )));
         }
         if node_out_bytes.len() != n {
             return Err(invalid(format!(
@@ -163,7 +163,13 @@ impl CostGraph {
                 "node_flops[{i}] is {f}; flops must be finite and non-negative"
             )));
         }
-        check_offsets("input_offsets", &input_offsets, n, "input_ids", input_ids.len())?;
+        check_offsets(
+            "input_offsets",
+            &input_offsets,
+            n,
+            "input_ids",
+            input_ids.len(),
+        )?;
         for v in 0..n {
             let (lo, hi) = (input_offsets[v] as usize, input_offsets[v + 1] as usize);
             for (k, &u) in input_ids[lo..hi].iter().enumerate() {
@@ -184,9 +190,18 @@ impl CostGraph {
         }
         let p = param_bytes.len();
         if p >= u32::MAX as usize {
-            return Err(invalid(format!("{p} params is too many (limit {})", u32::MAX - 1)));
+            return Err(invalid(format!(
+                "{p} params is too many (limit {})",
+                u32::MAX - 1
+            )));
         }
-        check_offsets("param_offsets", &param_offsets, p, "param_users", param_users.len())?;
+        check_offsets(
+            "param_offsets",
+            &param_offsets,
+            p,
+            "param_users",
+            param_users.len(),
+        )?;
         for (k, &u) in param_users.iter().enumerate() {
             if u as usize >= n {
                 return Err(invalid(format!(
@@ -326,7 +341,10 @@ impl CostGraph {
     /// The distinct parameters used by `node`, ascending.
     #[must_use]
     pub fn node_params(&self, node: usize) -> &[u32] {
-        let (lo, hi) = (self.node_param_offsets[node], self.node_param_offsets[node + 1]);
+        let (lo, hi) = (
+            self.node_param_offsets[node],
+            self.node_param_offsets[node + 1],
+        );
         &self.node_param_ids[lo as usize..hi as usize]
     }
 

@@ -15,7 +15,9 @@ pub(crate) struct Fnv1a64 {
 
 impl Default for Fnv1a64 {
     fn default() -> Self {
-        Self { state: OFFSET_BASIS }
+        Self {
+            state: OFFSET_BASIS,
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Native planner of TensorTorrent.
+//! Native planner of the tensortorrent `torch.compile` backend.
 //!
 //! Given a [`CostGraph`] (the work, data flow and parameters of one captured
 //! graph, in topological order) and a list of [`Device`]s (the host at index

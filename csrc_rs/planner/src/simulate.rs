@@ -8,14 +8,18 @@
 //!   each first-in first-out in program order;
 //! * a value needed on another device is copied once per (producer, device)
 //!   as soon as it is produced (accelerator to accelerator goes through a host
-//!   staging copy); graph outputs made on an accelerator are copied back;
+//!   staging copy); graph outputs made on an accelerator are copied back at
+//!   the end, once every node has finished;
 //! * streamed parameters are prefetched when the previous segment on their
 //!   accelerator starts (at time 0 when there is none) and evicted after their
 //!   last using segment; resident parameters occupy their accelerators for the
 //!   whole run; the host always holds every parameter;
 //! * a value lives on a device from its creation (node start or copy start)
-//!   until its last consumer there finished and its copies out completed;
-//!   graph outputs on the host live to the end.
+//!   until its last consumer there is done and its copies out completed. A
+//!   consumer in the producer's own segment is done when it finishes; any
+//!   other consumer holds the value until its whole segment finishes (a
+//!   segment runs as one call that keeps its arguments). Graph outputs on the
+//!   host live to the end.
 //!
 //! Memory events are ordered by time, then by the order in which the
 //! simulation produced them (which follows causality for equal times).
@@ -48,11 +52,17 @@ struct Instance {
     device: u32,
     bytes: u64,
     ready: f64,
+    /// Releases still to come: one per consumer in the producing segment,
+    /// one per other consuming segment, one for a final copy to the host.
     remaining: u32,
     /// Completion of the latest copy made from this instance.
     floor: f64,
     /// Never freed (a graph output on the host).
     keep: bool,
+    /// Segment of the producer for its own instance; `u32::MAX` for copies.
+    segment: u32,
+    /// Last consuming segment (plus one) already waiting to release this.
+    pending_in: u32,
 }
 
 struct Memory {
@@ -62,10 +72,15 @@ struct Memory {
 
 impl Memory {
     fn push(&mut self, device: u32, time: f64, bytes: u64, alloc: bool) {
-        debug_assert!(time >= 0.0 && time.is_finite());
+        debug_assert!(time >= 0.0, "times are never negative or NaN");
         // Adding 0.0 folds -0.0 into +0.0 so bit order matches numeric order.
         let time_bits = (time + 0.0).to_bits();
-        self.events[device as usize].push(Event { time_bits, seq: self.seq, bytes, alloc });
+        self.events[device as usize].push(Event {
+            time_bits,
+            seq: self.seq,
+            bytes,
+            alloc,
+        });
         self.seq += 1;
     }
 
@@ -126,7 +141,9 @@ pub(crate) fn simulate(
     }
 
     let mut mem = Memory {
-        events: (0..nd).map(|_| Vec::with_capacity(2 * n / nd.max(1) + 16)).collect(),
+        events: (0..nd)
+            .map(|_| Vec::with_capacity(2 * n / nd.max(1) + 16))
+            .collect(),
         seq: 0,
     };
     let mut dev_free = vec![0.0f64; nd];
@@ -134,7 +151,11 @@ pub(crate) fn simulate(
     let mut d2h_free = vec![0.0f64; nd];
     let mut seg_ready = vec![0.0f64; num_segments];
 
-    let issue = |span_ids: &[usize], at: f64, mem: &mut Memory, h2d_free: &mut [f64], seg_ready: &mut [f64]| {
+    let issue = |span_ids: &[usize],
+                 at: f64,
+                 mem: &mut Memory,
+                 h2d_free: &mut [f64],
+                 seg_ready: &mut [f64]| {
         for &k in span_ids {
             let span = seg.spans[k];
             let d = span.device as usize;
@@ -150,7 +171,12 @@ pub(crate) fn simulate(
     let mut instances: Vec<Instance> = Vec::with_capacity(n + n / 4);
     let mut node_inst = Vec::with_capacity(n + 1); // instance range start per node
     let mut input_stamp: Vec<u32> = Vec::new(); // per instance: last node + 1 that read it
-    let mut consumers_on = vec![0u32; nd];
+    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); num_segments];
+    // Per device, for the value being produced: consumers in its own segment,
+    // distinct other consuming segments, and the last such segment seen.
+    let mut same_segment = vec![0u32; nd];
+    let mut other_segments = vec![0u32; nd];
+    let mut last_segment = vec![u32::MAX; nd];
     let mut consumer_devices: Vec<u32> = Vec::with_capacity(nd);
     let mut last_output = f64::NEG_INFINITY;
     let mut makespan = 0.0f64;
@@ -165,65 +191,85 @@ pub(crate) fn simulate(
     for x in 0..n {
         // Instances of x start here (and those of x - 1 end here).
         node_inst.push(instances.len());
-        let d = pl.node_device[x];
-        let du = d as usize;
-        let s = seg.node_segment[x] as usize;
-        let first_of_segment = seg.segment_first_node[s] as usize == x;
+        let dev = pl.node_device[x];
+        let du = dev as usize;
+        let sid = seg.node_segment[x];
+        let su = sid as usize;
+        let first_of_segment = seg.segment_first_node[su] as usize == x;
 
-        let mut start = dev_free[du].max(seg_ready[s]);
+        let mut start = dev_free[du].max(seg_ready[su]);
         for &y in g.inputs(x) {
-            let i = find(&instances, &node_inst, y as usize, d);
+            let i = find(&instances, &node_inst, y as usize, dev);
             start = start.max(instances[i].ready);
         }
-        if first_of_segment && d != HOST {
-            issue(&issue_at[s], start, &mut mem, &mut h2d_free, &mut seg_ready);
+        if first_of_segment && dev != HOST {
+            issue(
+                &issue_at[su],
+                start,
+                &mut mem,
+                &mut h2d_free,
+                &mut seg_ready,
+            );
         }
         let out = g.node_out_bytes()[x];
-        mem.push(d, start, out, true);
+        mem.push(dev, start, out, true);
         let finish = start + devices[du].node_time(g.node_flops()[x]);
         dev_free[du] = finish;
         makespan = makespan.max(finish);
 
-        // Inputs whose last consumer on this device was x.
+        // Inputs: released now when made in this segment, else when it ends.
         let tag = x as u32 + 1;
         for &y in g.inputs(x) {
-            let i = find(&instances, &node_inst, y as usize, d);
+            let i = find(&instances, &node_inst, y as usize, dev);
             if input_stamp[i] == tag {
                 continue;
             }
             input_stamp[i] = tag;
-            instances[i].remaining -= 1;
-            if instances[i].remaining == 0 {
-                let inst = instances[i];
-                mem.release(&inst, finish);
+            if instances[i].segment == sid {
+                instances[i].remaining -= 1;
+                if instances[i].remaining == 0 {
+                    let inst = instances[i];
+                    mem.release(&inst, finish);
+                }
+            } else if instances[i].pending_in != sid + 1 {
+                instances[i].pending_in = sid + 1;
+                pending[su].push(i);
             }
         }
 
-        // Where x's value is needed.
+        // Where, and for how many releases, x's value is needed.
         consumer_devices.clear();
         for &c in g.consumers(x) {
             let cd = pl.node_device[c as usize];
-            if consumers_on[cd as usize] == 0 {
+            let cs = seg.node_segment[c as usize];
+            let cdu = cd as usize;
+            if same_segment[cdu] == 0 && other_segments[cdu] == 0 {
                 consumer_devices.push(cd);
             }
-            consumers_on[cd as usize] += 1;
+            if cd == dev && cs == sid {
+                same_segment[cdu] += 1;
+            } else if last_segment[cdu] != cs {
+                last_segment[cdu] = cs;
+                other_segments[cdu] += 1;
+            }
         }
         consumer_devices.sort_unstable();
+        let releases = |d: u32| same_segment[d as usize] + other_segments[d as usize];
         let is_output = g.is_output(x);
 
         let lo = instances.len();
         instances.push(Instance {
-            device: d,
+            device: dev,
             bytes: out,
             ready: finish,
-            remaining: consumers_on[du],
+            remaining: releases(dev) + u32::from(is_output && dev != HOST),
             floor: finish,
-            keep: is_output && d == HOST,
+            keep: is_output && dev == HOST,
+            segment: sid,
+            pending_in: 0,
         });
         let mut host_copy = None;
-        if d != HOST
-            && (is_output || consumer_devices.iter().any(|&cd| cd != d))
-        {
+        if dev != HOST && consumer_devices.iter().any(|&cd| cd != dev) {
             let (cs, ce) = enqueue(&mut d2h_free[du], finish, out, devices[du].d2h_bytes_per_s);
             mem.push(HOST, cs, out, true);
             instances[lo].floor = instances[lo].floor.max(ce);
@@ -232,13 +278,15 @@ pub(crate) fn simulate(
                 device: HOST,
                 bytes: out,
                 ready: ce,
-                remaining: consumers_on[HOST as usize],
+                remaining: releases(HOST),
                 floor: ce,
-                keep: is_output,
+                keep: false,
+                segment: u32::MAX,
+                pending_in: 0,
             });
         }
         for &cd in &consumer_devices {
-            if cd == d || cd == HOST {
+            if cd == dev || cd == HOST {
                 continue;
             }
             let src = host_copy.unwrap_or(lo);
@@ -255,18 +303,22 @@ pub(crate) fn simulate(
                 device: cd,
                 bytes: out,
                 ready: ce,
-                remaining: consumers_on[cdu],
+                remaining: releases(cd),
                 floor: ce,
                 keep: false,
+                segment: u32::MAX,
+                pending_in: 0,
             });
         }
         for &cd in &consumer_devices {
-            consumers_on[cd as usize] = 0;
+            let cdu = cd as usize;
+            same_segment[cdu] = 0;
+            other_segments[cdu] = 0;
+            last_segment[cdu] = u32::MAX;
         }
         input_stamp.resize(instances.len(), 0);
-        if is_output {
-            let arrival = host_copy.map_or(finish, |h| instances[h].ready);
-            last_output = last_output.max(arrival);
+        if is_output && dev == HOST {
+            last_output = last_output.max(finish);
         }
         for inst in &instances[lo..] {
             if inst.remaining == 0 {
@@ -274,14 +326,46 @@ pub(crate) fn simulate(
             }
         }
 
-        if d != HOST && seg.segment_last_node[s] as usize == x {
-            for &k in &evict_at[s] {
-                let span = seg.spans[k];
-                mem.push(span.device, finish, g.param_bytes()[span.param as usize], false);
+        if seg.segment_last_node[su] as usize == x {
+            for &i in &pending[su] {
+                instances[i].remaining -= 1;
+                if instances[i].remaining == 0 {
+                    let inst = instances[i];
+                    mem.release(&inst, finish);
+                }
+            }
+            if dev != HOST {
+                for &k in &evict_at[su] {
+                    let span = seg.spans[k];
+                    let bytes = g.param_bytes()[span.param as usize];
+                    mem.push(span.device, finish, bytes, false);
+                }
             }
         }
     }
     node_inst.push(instances.len());
+
+    // Graph outputs made on accelerators go back to the host at the end.
+    for x in (0..n).filter(|&x| g.is_output(x) && pl.node_device[x] != HOST) {
+        let du = pl.node_device[x] as usize;
+        let home = node_inst[x];
+        let out = g.node_out_bytes()[x];
+        let (cs, ce) = enqueue(
+            &mut d2h_free[du],
+            makespan,
+            out,
+            devices[du].d2h_bytes_per_s,
+        );
+        mem.push(HOST, cs, out, true);
+        last_output = last_output.max(ce);
+        let inst = &mut instances[home];
+        inst.floor = inst.floor.max(ce);
+        inst.remaining -= 1;
+        if inst.remaining == 0 {
+            let inst = *inst;
+            mem.release(&inst, ce);
+        }
+    }
 
     let peak_bytes = mem
         .events
@@ -303,6 +387,13 @@ pub(crate) fn simulate(
         })
         .collect();
 
-    let predicted_time_s = if last_output.is_finite() { last_output } else { makespan };
-    Simulation { predicted_time_s, peak_bytes }
+    let predicted_time_s = if last_output.is_finite() {
+        last_output
+    } else {
+        makespan
+    };
+    Simulation {
+        predicted_time_s,
+        peak_bytes,
+    }
 }

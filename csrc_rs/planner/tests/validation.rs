@@ -65,10 +65,27 @@ fn valid_graph_builds() {
 
 #[test]
 fn empty_graph_is_valid_and_plans() {
-    let g = CostGraph::new(vec![], vec![], vec![], vec![0], vec![], vec![], vec![0], vec![], vec![]).unwrap();
-    let p = plan(&g, &[host(0), accelerator("a", 0)], Objective::Latency, true).unwrap();
+    let g = CostGraph::new(
+        vec![],
+        vec![],
+        vec![],
+        vec![0],
+        vec![],
+        vec![],
+        vec![0],
+        vec![],
+        vec![],
+    )
+    .unwrap();
+    let p = plan(
+        &g,
+        &[host(0), accelerator("a", 0)],
+        Objective::Latency,
+        true,
+    )
+    .unwrap();
     assert!(p.node_device.is_empty());
-    assert_eq!(p.predicted_time_s, 0.0);
+    assert_eq!(p.predicted_time_s.to_bits(), 0f64.to_bits());
 }
 
 #[test]
@@ -78,9 +95,15 @@ fn bad_lengths_are_named() {
     let msg = graph_error(|a| a.node_host_only.push(false));
     assert_eq!(msg, "node_host_only has 4 entries but node_flops has 3");
     let msg = graph_error(|a| a.input_offsets.pop().map(drop).unwrap());
-    assert_eq!(msg, "input_offsets has 3 entries, expected 4 (one more than the 3 rows)");
+    assert_eq!(
+        msg,
+        "input_offsets has 3 entries, expected 4 (one more than the 3 rows)"
+    );
     let msg = graph_error(|a| a.param_offsets = vec![0]);
-    assert_eq!(msg, "param_offsets has 1 entries, expected 2 (one more than the 1 rows)");
+    assert_eq!(
+        msg,
+        "param_offsets has 1 entries, expected 2 (one more than the 1 rows)"
+    );
 }
 
 #[test]
@@ -99,17 +122,26 @@ fn bad_offsets_are_named() {
 fn non_topological_input_is_rejected() {
     // Node 1 reads node 2, which comes after it.
     let msg = graph_error(|a| a.input_ids = vec![2, 1]);
-    assert!(msg.contains("input_ids[0] = 2 is an input of node 1"), "{msg}");
+    assert!(
+        msg.contains("input_ids[0] = 2 is an input of node 1"),
+        "{msg}"
+    );
     assert!(msg.contains("topological order"), "{msg}");
     // A node reading itself.
     let msg = graph_error(|a| a.input_ids = vec![0, 2]);
-    assert!(msg.contains("input_ids[1] = 2 is an input of node 2"), "{msg}");
+    assert!(
+        msg.contains("input_ids[1] = 2 is an input of node 2"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn out_of_range_ids_are_rejected() {
     let msg = graph_error(|a| a.input_ids = vec![0, 7]);
-    assert_eq!(msg, "input_ids[1] = 7 (an input of node 2) is out of range for 3 nodes");
+    assert_eq!(
+        msg,
+        "input_ids[1] = 7 (an input of node 2) is out of range for 3 nodes"
+    );
     let msg = graph_error(|a| a.param_users = vec![1, 3]);
     assert_eq!(msg, "param_users[1] = 3 is out of range for 3 nodes");
     let msg = graph_error(|a| a.output_ids = vec![2, 9]);
@@ -119,9 +151,15 @@ fn out_of_range_ids_are_rejected() {
 #[test]
 fn bad_flops_are_rejected() {
     let msg = graph_error(|a| a.node_flops[1] = f64::NAN);
-    assert_eq!(msg, "node_flops[1] is NaN; flops must be finite and non-negative");
+    assert_eq!(
+        msg,
+        "node_flops[1] is NaN; flops must be finite and non-negative"
+    );
     let msg = graph_error(|a| a.node_flops[2] = -1.0);
-    assert_eq!(msg, "node_flops[2] is -1; flops must be finite and non-negative");
+    assert_eq!(
+        msg,
+        "node_flops[2] is -1; flops must be finite and non-negative"
+    );
 }
 
 #[test]
@@ -138,7 +176,13 @@ fn repeated_ids_count_once() {
     assert_eq!(g.inputs(1), &[0, 0]);
     assert_eq!(g.consumers(0), &[1]);
     assert_eq!(g.node_params(2), &[0]);
-    let p = plan(&g, &[host(1 << 30), accelerator("a", 1 << 30)], Objective::Latency, false).unwrap();
+    let p = plan(
+        &g,
+        &[host(1 << 30), accelerator("a", 1 << 30)],
+        Objective::Latency,
+        false,
+    )
+    .unwrap();
     assert_eq!(p.node_device, vec![0, 1, 1]);
 }
 
@@ -179,7 +223,34 @@ fn devices_need_unique_names_and_sane_rates() {
     assert!(device_error(&[host(1), late]).contains("latency_s = -1"));
     let mut nameless = accelerator("", 1);
     nameless.name.clear();
-    assert_eq!(device_error(&[host(1), nameless]), "device 1 has an empty name");
+    assert_eq!(
+        device_error(&[host(1), nameless]),
+        "device 1 has an empty name"
+    );
+}
+
+#[test]
+fn infinite_rates_are_accepted_and_nan_is_not() {
+    let mut free_host = host(1 << 30);
+    free_host.h2d_bytes_per_s = f64::INFINITY;
+    free_host.d2h_bytes_per_s = f64::NAN; // ignored on the host
+    let mut instant = accelerator("a", 1 << 30);
+    instant.flops_per_s = f64::INFINITY;
+    instant.h2d_bytes_per_s = f64::INFINITY;
+    instant.d2h_bytes_per_s = f64::INFINITY;
+    let devices = [free_host, instant];
+    validate_devices(&devices).unwrap();
+    let g = mlp(3, 1024, 64, 1e6, true);
+    let p = plan(&g, &devices, Objective::Latency, true).unwrap();
+    assert!(p.predicted_time_s.is_finite());
+    assert_eq!(p.chosen, "all-on-a");
+
+    let mut broken = accelerator("a", 1);
+    broken.d2h_bytes_per_s = f64::NAN;
+    assert!(device_error(&[host(1), broken]).contains("d2h_bytes_per_s = NaN"));
+    let mut endless = accelerator("a", 1);
+    endless.latency_s = f64::INFINITY;
+    assert!(device_error(&[host(1), endless]).contains("latency_s = inf"));
 }
 
 #[test]

@@ -59,13 +59,16 @@ impl FromStr for Objective {
     type Err = PlanError;
 
     fn from_str(s: &str) -> Result<Self, PlanError> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or_else(|| {
-            let valid: Vec<&str> = Self::ALL.iter().map(|o| o.as_str()).collect();
-            PlanError::InvalidObjective(format!(
-                "unknown objective {s:?}; valid objectives are: {}",
-                valid.join(", ")
-            ))
-        })
+        Self::ALL
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = Self::ALL.iter().map(|o| o.as_str()).collect();
+                PlanError::InvalidObjective(format!(
+                    "unknown objective {s:?}; valid objectives are: {}",
+                    valid.join(", ")
+                ))
+            })
     }
 }
 
@@ -97,7 +100,8 @@ pub struct Plan {
     /// order if several do); 0 when only host nodes use it.
     pub param_device: Vec<u32>,
     /// For streamed parameters, the first segment using it on
-    /// `param_device` (its prefetch is issued one segment earlier); -1 otherwise.
+    /// `param_device`; its prefetch is issued when the previous segment on
+    /// that device starts (at time 0 when there is none). -1 otherwise.
     pub param_prefetch_segment: Vec<i64>,
     /// For streamed parameters, the last segment using it on
     /// `param_device` (it is evicted after it); -1 otherwise.
@@ -122,6 +126,9 @@ struct Evaluated {
     seg: Segmentation,
     sim: Simulation,
     feasible: bool,
+    /// The greedy kept every parameter streamed: identical to the next
+    /// (`/streamed`) candidate.
+    all_streamed: bool,
 }
 
 fn evaluate(g: &CostGraph, devices: &[Device], name: String, placement: Placement) -> Evaluated {
@@ -132,7 +139,14 @@ fn evaluate(g: &CostGraph, devices: &[Device], name: String, placement: Placemen
         .iter()
         .zip(devices)
         .all(|(&peak, d)| peak <= d.budget_bytes);
-    Evaluated { name, placement, seg, sim, feasible }
+    Evaluated {
+        name,
+        placement,
+        seg,
+        sim,
+        feasible,
+        all_streamed: false,
+    }
 }
 
 /// Builds all candidates in search order.
@@ -147,13 +161,19 @@ fn candidates(g: &CostGraph, devices: &[Device], host_compute: bool) -> Vec<Eval
             .collect();
         let mut used_here = vec![false; g.num_params()];
         for (q, used) in used_here.iter_mut().enumerate() {
-            *used = g.param_users(q).iter().any(|&u| node_device[u as usize] == a);
+            *used = g
+                .param_users(q)
+                .iter()
+                .any(|&u| node_device[u as usize] == a);
         }
         let streamed = evaluate(
             g,
             devices,
             format!("all-on-{}/streamed", dev.name),
-            Placement { node_device: node_device.clone(), param_streamed: used_here },
+            Placement {
+                node_device: node_device.clone(),
+                param_streamed: used_here,
+            },
         );
         let param_streamed = residency::greedy_residency(
             g,
@@ -169,13 +189,17 @@ fn candidates(g: &CostGraph, devices: &[Device], host_compute: bool) -> Vec<Eval
                 seg: streamed.seg.clone(),
                 sim: streamed.sim.clone(),
                 feasible: streamed.feasible,
+                all_streamed: true,
             }
         } else {
             evaluate(
                 g,
                 devices,
                 format!("all-on-{}", dev.name),
-                Placement { node_device, param_streamed },
+                Placement {
+                    node_device,
+                    param_streamed,
+                },
             )
         };
         out.push(greedy);
@@ -205,7 +229,8 @@ fn choose(cands: &[Evaluated], objective: Objective) -> Option<usize> {
         Objective::Latency | Objective::Throughput => Some(fastest),
         Objective::Memory => {
             let limit = 1.10 * cands[fastest].sim.predicted_time_s;
-            let acc_peak = |c: &Evaluated| c.sim.peak_bytes.iter().skip(1).copied().max().unwrap_or(0);
+            let acc_peak =
+                |c: &Evaluated| c.sim.peak_bytes.iter().skip(1).copied().max().unwrap_or(0);
             feasible()
                 .filter(|(_, c)| c.sim.predicted_time_s <= limit)
                 .min_by(|(i, a), (j, b)| {
@@ -258,9 +283,12 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
             .map(|(&p, d)| u128::from(p.saturating_sub(d.budget_bytes)))
             .sum()
     };
+    // A greedy candidate that streams everything is its `/streamed` sibling
+    // under a less telling name.
     let lenient = cands
         .iter()
         .enumerate()
+        .filter(|(_, c)| !c.all_streamed)
         .min_by_key(|&(i, c)| (shortfall(c), i))
         .map(|(_, c)| c)
         .expect("candidates are not empty");

@@ -76,7 +76,11 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
     }
 
     // Previous segment on the same device.
-    let num_devices = segment_device.iter().map(|&d| d as usize + 1).max().unwrap_or(1);
+    let num_devices = segment_device
+        .iter()
+        .map(|&d| d as usize + 1)
+        .max()
+        .unwrap_or(1);
     let mut last_on_device: Vec<Option<u32>> = vec![None; num_devices];
     let mut prev_on_device = Vec::with_capacity(segment_device.len());
     for (s, &d) in segment_device.iter().enumerate() {
@@ -93,17 +97,17 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
         }
         seen.clear();
         for &u in g.param_users(q) {
-            let d = pl.node_device[u as usize];
-            if d == HOST {
+            let dev = pl.node_device[u as usize];
+            if dev == HOST {
                 continue;
             }
-            let s = node_segment[u as usize];
-            match seen.iter_mut().find(|e| e.0 == d) {
+            let at = node_segment[u as usize];
+            match seen.iter_mut().find(|e| e.0 == dev) {
                 Some(e) => {
-                    e.1 = e.1.min(s);
-                    e.2 = e.2.max(s);
+                    e.1 = e.1.min(at);
+                    e.2 = e.2.max(at);
                 }
-                None => seen.push((d, s, s)),
+                None => seen.push((dev, at, at)),
             }
         }
         for &(device, first_segment, last_segment) in &seen {

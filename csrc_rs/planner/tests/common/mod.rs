@@ -72,7 +72,7 @@ impl Builder {
 
 /// A chain MLP: a host input, then `layers` linear nodes (each with its own
 /// `weight`-byte parameter and `flops` work), each followed by a parameterless
-/// ReLU when `relu`; the last node is the output.
+/// activation node when `relu`; the last node is the output.
 pub fn mlp(layers: usize, weight: u64, act: u64, flops: f64, relu: bool) -> CostGraph {
     let mut b = Builder::default();
     let mut prev = b.input(act);

@@ -1,0 +1,114 @@
+"""The profile cache: one JSON file per hardware fingerprint in the user cache directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .schema import Fingerprint, Measurements
+
+CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
+_PREFIX = "host-profile-"
+
+
+def cache_dir() -> Path:
+    """``$TENSORTORRENT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tensortorrent``, else
+    ``~/.cache/tensortorrent``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "tensortorrent"
+
+
+def default_offload_dir() -> Path:
+    """Where offloaded weights and the disk benchmark go unless told otherwise."""
+    return cache_dir() / "offload"
+
+
+def fallback_offload_dir() -> Path:
+    """The offload directory to use when the default one cannot be written."""
+    return Path(tempfile.gettempdir()) / "tensortorrent" / "offload"
+
+
+def profile_path(fingerprint: Fingerprint) -> Path:
+    """The cache file for the hardware ``fingerprint`` identifies."""
+    return cache_dir() / f"{_PREFIX}{fingerprint.digest()}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLookup:
+    """The result of looking for this machine's cached profile.
+
+    ``measurements`` is set when a usable one was found; otherwise ``problem`` says why not
+    and ``suspicious`` whether the user should hear about it (a corrupt file or one from
+    other hardware, as opposed to nothing cached yet).
+    """
+
+    path: Path
+    measurements: Measurements | None
+    problem: str = ""
+    suspicious: bool = False
+
+
+def _other_hardware(fingerprint: Fingerprint, path: Path) -> CacheLookup:
+    others = sorted(
+        (p for p in cache_dir().glob(f"{_PREFIX}*.json") if p != path),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for other in others[:1]:
+        try:
+            theirs = Measurements.from_json(other.read_text()).fingerprint
+        except (OSError, ValueError):
+            continue
+        diffs = "; ".join(fingerprint.differences(theirs))
+        problem = f"the cached profile {other} was measured on other hardware ({diffs})"
+        return CacheLookup(path, None, problem, suspicious=True)
+    return CacheLookup(path, None, f"no cached profile at {path}")
+
+
+def lookup(fingerprint: Fingerprint) -> CacheLookup:
+    """Find the cached profile measured on hardware with this ``fingerprint``."""
+    path = profile_path(fingerprint)
+    if not path.exists():
+        return _other_hardware(fingerprint, path)
+    try:
+        measurements = Measurements.from_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        return CacheLookup(path, None, f"the cached profile {path} is unreadable ({exc})", True)
+    if measurements.fingerprint != fingerprint:
+        diffs = "; ".join(fingerprint.differences(measurements.fingerprint))
+        problem = f"the cached profile {path} was measured on other hardware ({diffs})"
+        return CacheLookup(path, None, problem, suspicious=True)
+    return CacheLookup(path, measurements)
+
+
+def save(measurements: Measurements) -> Path:
+    """Write ``measurements`` as the cached profile of their fingerprint; returns the path.
+
+    The file is replaced atomically, so a reader never sees half of it. Raises ``OSError``.
+    """
+    path = profile_path(measurements.fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(measurements.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def age_text(created_at: float, now: float | None = None) -> str:
+    """``"3 h"``: how long ago ``created_at`` (unix time) was, in a unit a reader expects."""
+    seconds = max(0.0, (time.time() if now is None else now) - created_at)
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,259 @@
+"""Disk bandwidth and latency at the offload directory, with the page cache kept out of it.
+
+Reads use ``O_DIRECT`` into page-aligned (mmap) buffers where the filesystem allows it.
+Elsewhere the file is written, flushed, and evicted from the page cache
+(``posix_fadvise(POSIX_FADV_DONTNEED)``, or ``/proc/sys/vm/drop_caches`` as root) before it
+is read, so the figures are the disk's and not RAM's. Each method string says which was used.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from ..units import format_bytes
+from .schema import Figure
+
+BLOCK_BYTES = 4 * 1024**2
+PAGE_BYTES = 4096
+_LATENCY_WARMUP = 5
+_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def writable_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot hold offloaded data, or ``None`` when a file can be made there."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tensortorrent-probe-"):
+            pass
+    except OSError as exc:
+        return f"offload dir {directory} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def filesystem(directory: Path) -> str:
+    """``"ext4 on /dev/vda"``: the filesystem holding ``directory``, as psutil reports it."""
+    real = os.path.realpath(directory)
+    best = None
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and (best is None or len(mount) > len(best.mountpoint)):
+            best = part
+    return f"{best.fstype} on {best.device}" if best else "unknown filesystem"
+
+
+def _evict(fd: int) -> str:
+    """Drop the file's pages from the page cache; returns how, or ``""`` when impossible."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return "posix_fadvise(POSIX_FADV_DONTNEED)"
+    if os.geteuid() == 0 and os.access(_DROP_CACHES, os.W_OK):
+        os.sync()
+        _DROP_CACHES.write_text("1\n")
+        return "writing 1 to /proc/sys/vm/drop_caches"
+    return ""
+
+
+class DiskBench:
+    """Write bandwidth, read bandwidth and 4 KiB random-read latency of one scratch file.
+
+    ``direct=None`` uses ``O_DIRECT`` when the filesystem supports it; ``False`` forces
+    buffered I/O with page-cache eviction. ``close()`` removes the file.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        nbytes: int,
+        passes: int,
+        reads: int,
+        budget_s: float,
+        direct: bool | None = None,
+    ) -> None:
+        self.directory = directory
+        self.path = directory / f".tensortorrent-diskbench-{os.getpid()}.bin"
+        free = psutil.disk_usage(str(directory)).free
+        # Leave most of the free space alone: the bench must never fill the disk.
+        self.nbytes = min(nbytes, free // 4) // BLOCK_BYTES * BLOCK_BYTES
+        self.passes = passes
+        self.reads = reads
+        self.budget_s = budget_s
+        self.free = free
+        self.fs = filesystem(directory)
+        self.block = mmap.mmap(-1, BLOCK_BYTES)
+        # Random bytes, so a compressing filesystem cannot make the file smaller than it is.
+        self.block.write(os.urandom(BLOCK_BYTES))
+        self.direct = self._direct_works() if direct is None else direct
+        self.evicted_by = ""
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.block.close()
+
+    def _direct_works(self) -> bool:
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag or self.nbytes == 0:
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | flag, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return False
+            raise
+        try:
+            os.pwrite(fd, self.block, 0)
+            os.preadv(fd, [self.block], 0)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return False
+            raise
+        finally:
+            os.close(fd)
+        return True
+
+    def _open(self, flags: int) -> int:
+        return os.open(self.path, flags | (os.O_DIRECT if self.direct else 0), 0o600)
+
+    def _where(self) -> str:
+        note = " (tmpfs keeps files in RAM)" if self.fs.startswith("tmpfs") else ""
+        return f"{self.directory}, {self.fs}{note}"
+
+    def _cache_note(self) -> str:
+        if self.direct or self.evicted_by:
+            return ""
+        return "the page cache could not be dropped here: this may be memory speed"
+
+    def _passes(self, once: Callable[[], float], share: float) -> list[float]:
+        """Timed passes of ``once`` after one warm-up pass, within ``share`` of the budget."""
+        deadline = time.perf_counter() + share * self.budget_s
+        samples: list[float] = []
+        for i in range(1 + self.passes):
+            elapsed = once()
+            if i:
+                samples.append(elapsed)
+            if samples and time.perf_counter() > deadline:
+                break
+        return samples
+
+    def _buffer(self) -> mmap.mmap:
+        """A new page-aligned copy of the random block, its pages already faulted in.
+
+        Each pass gets its own: on virtual machines, how fast the host moves data into a
+        buffer depends on where its pages happen to live, and one buffer would skew every pass.
+        """
+        buf = mmap.mmap(-1, BLOCK_BYTES)
+        buf[:] = self.block
+        return buf
+
+    def _write_once(self) -> float:
+        buf = self._buffer()
+        fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            start = time.perf_counter()
+            for offset in range(0, self.nbytes, BLOCK_BYTES):
+                if os.pwrite(fd, buf, offset) != BLOCK_BYTES:
+                    raise OSError(errno.EIO, f"short write to {self.path}")
+            os.fsync(fd)
+            return time.perf_counter() - start
+        finally:
+            os.close(fd)
+            buf.close()
+
+    def _read_once(self) -> float:
+        buf = self._buffer()
+        fd = self._open(os.O_RDONLY)
+        try:
+            if not self.direct:
+                self.evicted_by = _evict(fd)
+            start = time.perf_counter()
+            for offset in range(0, self.nbytes, BLOCK_BYTES):
+                if os.preadv(fd, [buf], offset) <= 0:
+                    raise OSError(errno.EIO, f"{self.path} is shorter than written")
+            return time.perf_counter() - start
+        finally:
+            os.close(fd)
+            buf.close()
+
+    def free_figure(self) -> Figure:
+        """Free space at the directory when the bench started."""
+        return Figure(float(self.free), "B", f"psutil.disk_usage({str(self.directory)!r}).free")
+
+    def write(self) -> Figure:
+        """Sequential write bandwidth: file size / median time of a write plus fsync."""
+        samples = self._passes(self._write_once, 0.4)
+        how = "O_DIRECT writes" if self.direct else "buffered writes"
+        return Figure(
+            value=self.nbytes / statistics.median(samples),
+            unit="B/s",
+            method=(
+                f"{how} of a {format_bytes(self.nbytes)} file of random bytes in "
+                f"{format_bytes(BLOCK_BYTES)} blocks from a new page-aligned buffer each pass, "
+                f"then fsync; size / median time of "
+                f"{len(samples)} passes after 1 warm-up pass; at {self._where()}"
+            ),
+        )
+
+    def read(self) -> Figure:
+        """Sequential read bandwidth, with the page cache kept out."""
+        samples = self._passes(self._read_once, 0.4)
+        if self.direct:
+            how = "O_DIRECT reads"
+        else:
+            evict = self.evicted_by or "nothing (no way to drop the page cache)"
+            how = f"buffered reads after evicting the file from the page cache by {evict}"
+        return Figure(
+            value=self.nbytes / statistics.median(samples),
+            unit="B/s",
+            method=(
+                f"{how} of a {format_bytes(self.nbytes)} file in {format_bytes(BLOCK_BYTES)} "
+                f"blocks into a new page-aligned buffer each pass; size / median time of {len(samples)} passes after 1 warm-up pass; "
+                f"at {self._where()}"
+            ),
+            note=self._cache_note(),
+        )
+
+    def latency(self) -> Figure:
+        """Median time of one 4 KiB read at a random aligned offset of the file."""
+        page = mmap.mmap(-1, PAGE_BYTES)
+        fd = self._open(os.O_RDONLY)
+        try:
+            if not self.direct:
+                self.evicted_by = _evict(fd)
+                if hasattr(os, "posix_fadvise"):
+                    # Without read-ahead, each read costs one trip to the disk.
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            rng = random.Random(0)
+            pages = self.nbytes // PAGE_BYTES
+            deadline = time.perf_counter() + 0.2 * self.budget_s
+            times: list[float] = []
+            for i in range(_LATENCY_WARMUP + self.reads):
+                offset = rng.randrange(pages) * PAGE_BYTES
+                start = time.perf_counter()
+                os.preadv(fd, [page], offset)
+                if i >= _LATENCY_WARMUP:
+                    times.append(time.perf_counter() - start)
+                if times and time.perf_counter() > deadline:
+                    break
+        finally:
+            os.close(fd)
+            page.close()
+        how = "O_DIRECT" if self.direct else f"buffered, after {self.evicted_by or 'no eviction'}"
+        return Figure(
+            value=statistics.median(times),
+            unit="s",
+            method=(
+                f"median of {len(times)} reads of 4 KiB at random aligned offsets ({how}) "
+                f"after {_LATENCY_WARMUP} warm-up reads; at {self._where()}"
+            ),
+            note=self._cache_note(),
+        )

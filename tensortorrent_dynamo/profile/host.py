@@ -1,0 +1,149 @@
+"""The profile the planner reads: one :class:`DeviceProfile` per device, the host first."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import psutil
+
+from .schema import Measurements
+
+DeviceKind = Literal["cpu", "cuda", "virtual"]
+
+# Nominal rates, used when nothing was measured. They only need to rank plans sensibly.
+NOMINAL_CPU_FLOPS = 5e10
+NOMINAL_CPU_LATENCY_S = 5e-6
+NOMINAL_CUDA_FLOPS = 5e13
+NOMINAL_CUDA_LINK_BYTES_PER_S = 2.5e10
+NOMINAL_CUDA_LATENCY_S = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """One compute device as the planner sees it.
+
+    ``h2d``/``d2h`` rates are the link between host RAM and this device (infinite for the
+    host). ``flops_per_s`` is the float32 matmul rate; ``flops_by_dtype`` holds every
+    dtype that was measured, and ``memory_bandwidth_bytes_per_s`` the device memory's
+    copy bandwidth (``None`` when not measured).
+    """
+
+    name: str
+    kind: DeviceKind
+    memory_bytes: int
+    flops_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    latency_s: float
+    flops_by_dtype: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
+    memory_bandwidth_bytes_per_s: float | None = None
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == "cpu"
+
+
+def _value(figure_value: float | None, fallback: float) -> float:
+    return fallback if figure_value is None else figure_value
+
+
+def _device_from(m: Measurements, name: str) -> DeviceProfile:
+    dev = m.device(name)
+    if dev is None:
+        raise ValueError(f"profile has no device {name!r}")
+    flops = {dtype: f.value for dtype, f in dev.matmul.items() if f.value is not None}
+    if dev.kind == "cpu":
+        return DeviceProfile(
+            name=name,
+            kind="cpu",
+            # The host's capacity is what is free now, not what was free when measured.
+            memory_bytes=int(psutil.virtual_memory().available),
+            flops_per_s=flops.get("float32", NOMINAL_CPU_FLOPS),
+            h2d_bytes_per_s=float("inf"),
+            d2h_bytes_per_s=float("inf"),
+            latency_s=_value(dev.op_latency.value, NOMINAL_CPU_LATENCY_S),
+            flops_by_dtype=flops,
+            memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
+        )
+    h2d, d2h = m.link("h2d pinned", "cpu", name), m.link("d2h pinned", name, "cpu")
+    return DeviceProfile(
+        name=name,
+        kind="cuda",
+        memory_bytes=int(_value(dev.memory.value, 0)),
+        flops_per_s=flops.get("float32", NOMINAL_CUDA_FLOPS),
+        h2d_bytes_per_s=_value(h2d.bandwidth.value if h2d else None, NOMINAL_CUDA_LINK_BYTES_PER_S),
+        d2h_bytes_per_s=_value(d2h.bandwidth.value if d2h else None, NOMINAL_CUDA_LINK_BYTES_PER_S),
+        latency_s=_value(dev.op_latency.value, NOMINAL_CUDA_LATENCY_S),
+        flops_by_dtype=flops,
+        memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProfile:
+    """The devices of this machine, the host first, and where the figures came from.
+
+    ``source`` is ``"nominal"``, ``"measured now"``, ``"measured (cached <path>, <age>)"``
+    or the path of a profile file. ``measurements`` holds every figure with its unit and
+    method; virtual devices are declared by the settings, so they are in ``devices`` only.
+    """
+
+    devices: tuple[DeviceProfile, ...]
+    source: str
+    measurements: Measurements | None = dataclasses.field(default=None, hash=False)
+
+    def device(self, name: str) -> DeviceProfile:
+        for dev in self.devices:
+            if dev.name == name:
+                return dev
+        seen = ", ".join(d.name for d in self.devices)
+        raise KeyError(f"device {name!r} is not on this machine (devices seen: {seen})")
+
+    @property
+    def disk_read_bytes_per_s(self) -> float | None:
+        """Sequential read bandwidth at the offload directory, if measured."""
+        return self.measurements.disk.read.value if self.measurements else None
+
+    @property
+    def disk_write_bytes_per_s(self) -> float | None:
+        """Sequential write bandwidth at the offload directory, if measured."""
+        return self.measurements.disk.write.value if self.measurements else None
+
+    @property
+    def disk_latency_s(self) -> float | None:
+        """Time of one random 4 KiB read at the offload directory, if measured."""
+        return self.measurements.disk.latency.value if self.measurements else None
+
+    @classmethod
+    def from_measurements(cls, m: Measurements, source: str) -> HostProfile:
+        """The planner's view of ``m``: float32 FLOP/s, pinned link rates, host RAM free now.
+
+        Rates ``m`` lacks (for example CUDA links in a short profile) take nominal values.
+        """
+        names = [d.name for d in m.devices if d.kind in ("cpu", "cuda")]
+        if "cpu" not in names:
+            raise ValueError("profile has no 'cpu' device")
+        cuda = sorted((n for n in names if n != "cpu"), key=lambda n: int(n.split(":")[1]))
+        devices = tuple(_device_from(m, n) for n in ["cpu", *cuda])
+        return cls(devices=devices, source=source, measurements=m)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The versioned JSON form (the measurements); virtual devices are not part of it."""
+        if self.measurements is None:
+            raise ValueError("this HostProfile was built by hand and has no measurements")
+        return self.measurements.to_dict()
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, raw: object, source: str) -> HostProfile:
+        """Read the JSON form; raises ``ValueError`` naming the first bad key."""
+        return cls.from_measurements(Measurements.from_dict(raw), source)
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> HostProfile:
+        return cls.from_dict(json.loads(text), source)

@@ -1,0 +1,464 @@
+"""Benchmarks of the host: matmul FLOP/s per dtype, memory bandwidth and per-op latency of each
+device, host<->device and device<->device copy bandwidth, and the disk tier.
+
+Every figure is a median over timed samples taken after untimed warm-up calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import torch
+
+from ..units import format_bytes
+from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
+from .disk import DiskBench, writable_problem
+from .schema import DeviceFigures, DiskFigures, Figure, LinkFigure, Measurements, Mode
+
+Progress = Callable[[int, int, str], None]
+"""Called before each step with (steps done, steps in all, label of the step)."""
+
+SHORT_NOTE = "not measured by the short profile; run `tensortorrent validate-hardware`"
+NO_CUDA = "no CUDA device"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MIB = 1024**2
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Sizes and repeats of one measuring mode."""
+
+    repeats: int
+    """Timed samples per figure; the median is reported."""
+    warmup: int
+    """Untimed calls before the samples (plus one that calibrates the sample length)."""
+    sample_s: float
+    """Each sample repeats its call for about this long."""
+    figure_s: float
+    """A matmul figure's size is chosen to take about this long at most."""
+    cpu_matmul_n: int
+    gpu_matmul_n: int
+    cpu_copy_bytes: int
+    gpu_copy_bytes: int
+    link_bytes: int
+    disk_bytes: int
+    disk_passes: int
+    """Timed passes over the disk file, each way (the disk varies more than the CPU)."""
+    disk_reads: int
+    disk_budget_s: float
+    dtypes: tuple[torch.dtype, ...]
+
+
+BUDGETS: dict[Mode, Budget] = {
+    "short": Budget(
+        repeats=5,
+        warmup=1,
+        sample_s=0.04,
+        figure_s=1.0,
+        cpu_matmul_n=512,
+        gpu_matmul_n=4096,
+        cpu_copy_bytes=64 * _MIB,
+        gpu_copy_bytes=256 * _MIB,
+        link_bytes=64 * _MIB,
+        disk_bytes=0,
+        disk_passes=0,
+        disk_reads=0,
+        disk_budget_s=0.0,
+        dtypes=(torch.float32,),
+    ),
+    "quick": Budget(
+        repeats=5,
+        warmup=1,
+        sample_s=0.05,
+        figure_s=1.0,
+        cpu_matmul_n=512,
+        gpu_matmul_n=4096,
+        cpu_copy_bytes=64 * _MIB,
+        gpu_copy_bytes=256 * _MIB,
+        link_bytes=64 * _MIB,
+        disk_bytes=64 * _MIB,
+        disk_passes=9,
+        disk_reads=200,
+        disk_budget_s=3.0,
+        dtypes=DTYPES,
+    ),
+    "full": Budget(
+        repeats=7,
+        warmup=2,
+        sample_s=0.2,
+        figure_s=3.0,
+        cpu_matmul_n=1024,
+        gpu_matmul_n=8192,
+        cpu_copy_bytes=256 * _MIB,
+        gpu_copy_bytes=1024 * _MIB,
+        link_bytes=256 * _MIB,
+        disk_bytes=256 * _MIB,
+        disk_passes=9,
+        disk_reads=1000,
+        disk_budget_s=20.0,
+        dtypes=DTYPES,
+    ),
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _sync(devices: tuple[str, ...]) -> Callable[[], None]:
+    cuda = [torch.device(d) for d in devices if d.startswith("cuda")]
+
+    def sync() -> None:
+        for dev in cuda:
+            torch.cuda.synchronize(dev)
+
+    return sync
+
+
+def time_per_call(
+    fn: Callable[[], object], sync: Callable[[], None], budget: Budget
+) -> tuple[float, int]:
+    """Median seconds per call of ``fn``, and the most calls a sample made.
+
+    After ``budget.warmup`` untimed calls, one timed call sets how many calls make a sample
+    of about ``budget.sample_s``; a sample stops early past twice that (a busy machine must
+    not stretch the run). ``sync`` waits for queued device work before each clock read.
+    """
+    for _ in range(budget.warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    one = time.perf_counter() - start
+    calls = max(1, int(budget.sample_s / max(one, 1e-9)))
+    samples = []
+    most = 0
+    for _ in range(budget.repeats):
+        done = 0
+        start = time.perf_counter()
+        while done < calls:
+            fn()
+            done += 1
+            if time.perf_counter() - start > 2 * budget.sample_s:
+                break
+        sync()
+        samples.append((time.perf_counter() - start) / done)
+        most = max(most, done)
+    return statistics.median(samples), most
+
+
+def _how(budget: Budget, calls: int) -> str:
+    return (
+        f"median over {budget.repeats} samples of up to {calls} call(s) "
+        f"after {budget.warmup + 1} warm-up call(s)"
+    )
+
+
+def _threads(device: str) -> str:
+    return f", {torch.get_num_threads()} torch threads" if device == "cpu" else ""
+
+
+def _matmul_size(device: str, dtype: torch.dtype, cap: int, budget: Budget) -> int:
+    """The largest square size up to ``cap`` whose figure fits in ``budget.figure_s``.
+
+    Doubles from 128 while the next size (about eight times the work) would still fit, so
+    a dtype the device runs slowly gets a smaller matrix instead of taking minutes, and a
+    fast one gets the largest, which a busy machine's scheduling hiccups disturb least.
+    """
+    sync = _sync((device,))
+    calls = budget.warmup + 1 + budget.repeats
+    n = 128
+    while n < cap:
+        a = torch.ones(n, n, device=device, dtype=dtype)
+        torch.mm(a, a)
+        sync()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            torch.mm(a, a)
+            sync()
+            times.append(time.perf_counter() - start)
+        if 8 * min(times) * calls > budget.figure_s:
+            break
+        n = min(cap, 2 * n)
+    return n
+
+
+def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
+    """FLOP/s of ``torch.mm`` on square matrices (2*n^3 FLOP per call)."""
+    name = dtype_name(dtype)
+    cap = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    n = _matmul_size(device, dtype, cap, budget)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    per_call, calls = time_per_call(lambda: torch.mm(a, b, out=out), _sync((device,)), budget)
+    precision = (
+        f", float32 matmul precision {torch.get_float32_matmul_precision()!r}"
+        if dtype == torch.float32
+        else ""
+    )
+    return Figure(
+        value=2 * n**3 / per_call,
+        unit="FLOP/s",
+        method=(
+            f"torch.mm of two {n}x{n} {name} matrices, 2*n^3 FLOP / {_how(budget, calls)}"
+            f"{_threads(device)}{precision}"
+        ),
+    )
+
+
+def memory_bandwidth(device: str, budget: Budget) -> Figure:
+    """Bytes read plus bytes written per second by a large ``Tensor.copy_`` on one device."""
+    nbytes = budget.cpu_copy_bytes if device == "cpu" else budget.gpu_copy_bytes
+    what = f"Tensor.copy_ of {format_bytes(nbytes)} on {device}"
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    per_call, calls = time_per_call(lambda: dst.copy_(src), _sync((device,)), budget)
+    return Figure(
+        value=2 * nbytes / per_call,
+        unit="B/s",
+        method=(
+            f"{what} into a second tensor; 2 x size (read + written) / "
+            f"{_how(budget, calls)}{_threads(device)}"
+        ),
+    )
+
+
+def op_latency(device: str, budget: Budget) -> Figure:
+    """Time per call of a one-element ``torch.add``: the fixed cost of one operation."""
+    what = f"one-element torch.add on {device}"
+    x = torch.ones(1, device=device)
+    y = torch.ones(1, device=device)
+    z = torch.empty(1, device=device)
+    per_call, calls = time_per_call(lambda: torch.add(x, y, out=z), _sync((device,)), budget)
+    return Figure(
+        value=per_call,
+        unit="s",
+        method=f"{what}, back to back; {_how(budget, calls)}{_threads(device)}",
+    )
+
+
+def copy_bandwidth(src_device: str, dst_device: str, pinned: bool, budget: Budget) -> Figure:
+    """Bytes per second of one ``Tensor.copy_`` between two devices (pinned host memory or not)."""
+    host = "pinned" if pinned else "pageable"
+    what = f"Tensor.copy_ of {format_bytes(budget.link_bytes)} from {src_device} to {dst_device}"
+    if "cpu" in (src_device, dst_device):
+        what += f" ({host} host memory)"
+    src = torch.ones(budget.link_bytes, dtype=torch.uint8, device=src_device)
+    dst = torch.empty(budget.link_bytes, dtype=torch.uint8, device=dst_device)
+    if pinned:
+        src, dst = (t.pin_memory() if t.device.type == "cpu" else t for t in (src, dst))
+    sync = _sync((src_device, dst_device))
+    per_call, calls = time_per_call(lambda: dst.copy_(src, non_blocking=pinned), sync, budget)
+    return Figure(
+        value=budget.link_bytes / per_call,
+        unit="B/s",
+        method=f"{what}; size / {_how(budget, calls)}",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    key: tuple[str, ...]
+    label: str
+    unit: str
+    run: Callable[[], Figure]
+
+
+def _link_ends(name: str, dev: str) -> tuple[str, str]:
+    return ("cpu", dev) if name.startswith("h2d") else (dev, "cpu")
+
+
+_HOST_LINKS = ("h2d pageable", "h2d pinned", "d2h pageable", "d2h pinned")
+
+
+def links_without_cuda() -> list[LinkFigure]:
+    """Every link kind, absent because there is no CUDA device."""
+    absent = Figure.absent("B/s", NO_CUDA)
+    host = [LinkFigure(name, *_link_ends(name, "cuda"), absent) for name in _HOST_LINKS]
+    return [*host, LinkFigure("d2d", "cuda", "cuda", absent)]
+
+
+def _plan_links(cuda: list[str], mode: Mode) -> tuple[list[_Step], list[LinkFigure]]:
+    """Steps for the links measured in ``mode``, and the absent ones with their reason."""
+    budget = BUDGETS[mode]
+    if not cuda:
+        return [], links_without_cuda()
+    steps, absent = [], []
+    for dev in cuda:
+        for name in _HOST_LINKS:
+            src, dst = _link_ends(name, dev)
+            if mode == "short" and "pageable" in name:
+                absent.append(LinkFigure(name, src, dst, Figure.absent("B/s", SHORT_NOTE)))
+                continue
+            pinned = "pinned" in name
+            run = functools.partial(copy_bandwidth, src, dst, pinned, budget)
+            steps.append(_Step(("link", name, src, dst), f"{name} {src}->{dst}", "B/s", run))
+    if len(cuda) == 1 or mode == "short":
+        reason = SHORT_NOTE if mode == "short" else "only one CUDA device"
+        absent.append(LinkFigure("d2d", "cuda", "cuda", Figure.absent("B/s", reason)))
+    else:
+        for src in cuda:
+            for dst in (d for d in cuda if d != src):
+                run = functools.partial(copy_bandwidth, src, dst, False, budget)
+                steps.append(_Step(("link", "d2d", src, dst), f"d2d {src}->{dst}", "B/s", run))
+    return steps, absent
+
+
+def _plan_disk(
+    offload_dir: Path | None, mode: Mode
+) -> tuple[DiskBench | None, list[_Step], DiskFigures | None]:
+    """The disk bench and its steps, or the absent disk section saying why there is none."""
+    budget = BUDGETS[mode]
+    if mode == "short":
+        return None, [], DiskFigures.absent(SHORT_NOTE)
+    if offload_dir is None:
+        return None, [], DiskFigures.absent("no offload directory was given")
+    problem = writable_problem(offload_dir)
+    if problem:
+        return None, [], DiskFigures.absent(problem, str(offload_dir))
+    bench = DiskBench(
+        offload_dir, budget.disk_bytes, budget.disk_passes, budget.disk_reads, budget.disk_budget_s
+    )
+    if bench.nbytes == 0:
+        bench.close()
+        reason = f"only {format_bytes(bench.free)} free at {offload_dir}"
+        return None, [], DiskFigures.absent(reason, str(offload_dir))
+    # The write step creates the file that the read and latency steps use.
+    steps = [
+        _Step(("disk", "write"), f"disk write at {offload_dir}", "B/s", bench.write),
+        _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
+        _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
+    ]
+    return bench, steps, None
+
+
+def _run(step: _Step) -> Figure:
+    try:
+        return step.run()
+    except (RuntimeError, TypeError, OSError) as exc:
+        # A device or dtype that cannot do this is a finding to report, not a crash.
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        return Figure(value=None, unit=step.unit, method=step.label, note=f"failed: {first}")
+
+
+def _flag_slow(matmul: dict[str, Figure], device: str) -> dict[str, Figure]:
+    """Note each dtype that runs under a tenth of float32's rate."""
+    fp32 = matmul["float32"].value
+    out = {}
+    for dtype, fig in matmul.items():
+        if fp32 and fig.value is not None and fig.value < fp32 / 10 and not fig.note:
+            share = 100 * fig.value / fp32
+            fig = dataclasses.replace(fig, note=f"very slow: {share:.1f}% of float32 on {device}")
+        out[dtype] = fig
+    return out
+
+
+def _device_figures(name: str, results: dict[tuple[str, ...], Figure]) -> DeviceFigures:
+    if name == "cpu":
+        description = f"{cpu_model()}, {psutil.cpu_count(logical=True)} logical cores"
+        memory = Figure(float(psutil.virtual_memory().total), "B", "psutil.virtual_memory().total")
+    else:
+        description, total = cuda_properties(name)
+        method = f"torch.cuda.get_device_properties({name.split(':')[1]}).total_memory"
+        memory = Figure(float(total), "B", method)
+    matmul = {
+        dtype_name(dt): results.get(
+            ("matmul", name, dtype_name(dt)), Figure.absent("FLOP/s", SHORT_NOTE)
+        )
+        for dt in DTYPES
+    }
+    return DeviceFigures(
+        name=name,
+        kind="cpu" if name == "cpu" else "cuda",
+        description=description,
+        memory=memory,
+        matmul=_flag_slow(matmul, name),
+        memory_bandwidth=results[("bandwidth", name)],
+        op_latency=results[("latency", name)],
+    )
+
+
+def _load_figure() -> Figure:
+    busy = psutil.cpu_percent(interval=0.2)
+    note = ""
+    if busy > 25:
+        note = "the machine was busy: figures may be low; measure again when it is idle"
+    method = (
+        "psutil.cpu_percent(interval=0.2) over all cores just before measuring, "
+        "while this process slept: what other work was using"
+    )
+    return Figure(busy, "%", method, note)
+
+
+def measure_host(
+    mode: Mode, offload_dir: Path | None = None, progress: Progress | None = None
+) -> Measurements:
+    """Measure this machine in ``mode`` (``"short"``, ``"quick"`` or ``"full"``).
+
+    ``offload_dir`` is where the disk tier is measured (not in ``"short"``); an unwritable
+    one leaves the disk section absent with the reason. ``progress`` sees each step.
+    """
+    if mode == "nominal":
+        raise ValueError("mode 'nominal' measures nothing")
+    budget = BUDGETS[mode]
+    started = time.perf_counter()
+    created = time.time()
+    load = _load_figure()
+    cuda = detect_cuda_devices()
+    steps: list[_Step] = []
+    for dev in ["cpu", *cuda]:
+        for dt in budget.dtypes:
+            run = functools.partial(matmul_flops, dev, dt, budget)
+            key = ("matmul", dev, dtype_name(dt))
+            steps.append(_Step(key, f"{dev} matmul {dtype_name(dt)}", "FLOP/s", run))
+        run = functools.partial(memory_bandwidth, dev, budget)
+        steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
+        run = functools.partial(op_latency, dev, budget)
+        steps.append(_Step(("latency", dev), f"{dev} op latency", "s", run))
+    link_steps, absent_links = _plan_links(cuda, mode)
+    bench, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
+    steps += link_steps + disk_steps
+    results: dict[tuple[str, ...], Figure] = {}
+    try:
+        for i, step in enumerate(steps):
+            if progress:
+                progress(i, len(steps), step.label)
+            results[step.key] = _run(step)
+    finally:
+        if bench:
+            bench.close()
+    if progress:
+        progress(len(steps), len(steps), "done")
+    links = [LinkFigure(s.key[1], s.key[2], s.key[3], results[s.key]) for s in link_steps]
+    if bench:
+        disk = DiskFigures(
+            path=str(offload_dir),
+            free=bench.free_figure(),
+            read=results[("disk", "read")],
+            write=results[("disk", "write")],
+            latency=results[("disk", "latency")],
+        )
+    else:
+        assert absent_disk is not None
+        disk = absent_disk
+    return Measurements(
+        mode=mode,
+        created_at=created,
+        duration=Figure(time.perf_counter() - started, "s", "wall time of the whole measurement"),
+        load=load,
+        fingerprint=current_fingerprint(),
+        devices=tuple(_device_figures(dev, results) for dev in ["cpu", *cuda]),
+        links=tuple(links + absent_links),
+        disk=disk,
+    )

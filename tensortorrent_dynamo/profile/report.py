@@ -1,0 +1,80 @@
+"""The text report of ``tensortorrent validate-hardware``: one row per figure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..units import format_bytes, format_rate, format_seconds
+from .schema import Figure, Measurements
+
+
+def format_value(figure: Figure) -> str:
+    """A figure's value in the unit a reader expects; ``-`` when absent."""
+    v = figure.value
+    if v is None:
+        return "-"
+    if figure.unit == "B":
+        return format_bytes(v)
+    if figure.unit == "s":
+        return format_seconds(v)
+    if figure.unit.endswith("/s"):
+        return format_rate(v, figure.unit)
+    return f"{v:.2f} {figure.unit}"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+
+
+def _disk_how(figure: Figure) -> str:
+    if figure.value is None:
+        return figure.note
+    if "O_DIRECT" in figure.method:
+        how = "O_DIRECT"
+    elif "evicting" in figure.method:
+        how = "page cache evicted first"
+    else:
+        how = ""
+    return "; ".join(x for x in (how, figure.note) if x)
+
+
+def format_report(m: Measurements) -> str:
+    """The summary table: devices, links and the disk, then where the methods are."""
+    fp = m.fingerprint
+    head = [
+        f"TensorTorrent hardware profile ({m.mode}, measured in {format_value(m.duration)}, "
+        f"fingerprint {fp.digest()})",
+        f"{fp.cpu_model}, {fp.cpu_cores} logical cores, {format_bytes(fp.ram_total_bytes)} RAM, "
+        f"{len(fp.gpus)} CUDA device(s), torch {fp.torch_version}",
+    ]
+    if m.load.note:
+        head.append(f"CPU busy with other work: {format_value(m.load)}: {m.load.note}")
+    rows: list[list[str]] = [["where", "figure", "value", "note"]]
+    for dev in m.devices:
+        rows.append([dev.name, "memory", format_value(dev.memory), dev.description])
+        for dtype, fig in dev.matmul.items():
+            rows.append([dev.name, f"matmul {dtype}", format_value(fig), fig.note])
+        rows.append(
+            [
+                dev.name,
+                "memory bandwidth",
+                format_value(dev.memory_bandwidth),
+                dev.memory_bandwidth.note,
+            ]
+        )
+        rows.append([dev.name, "op latency", format_value(dev.op_latency), dev.op_latency.note])
+    for link in m.links:
+        fig = link.bandwidth
+        rows.append([f"{link.src}->{link.dst}", link.name, format_value(fig), fig.note])
+    disk = m.disk
+    rows += [
+        ["disk", "write", format_value(disk.write), _disk_how(disk.write)],
+        ["disk", "read", format_value(disk.read), _disk_how(disk.read)],
+        ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],
+        ["disk", "free", format_value(disk.free), disk.path or disk.free.note],
+    ]
+    tail = "Values are medians after warm-up; the JSON (--output) says how each was measured."
+    return "\n".join([*head, "", *_table(rows), "", tail])

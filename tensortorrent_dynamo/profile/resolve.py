@@ -1,0 +1,186 @@
+"""Which profile the planner uses: cached measurements (``"auto"``), nominal rates, or a file."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import psutil
+
+from ..errors import OptionsError
+from ..settings import Settings
+from ..units import format_rate
+from . import cache
+from .detect import cuda_properties, current_fingerprint, detect_cuda_devices
+from .host import (
+    NOMINAL_CPU_FLOPS,
+    NOMINAL_CPU_LATENCY_S,
+    NOMINAL_CUDA_FLOPS,
+    NOMINAL_CUDA_LATENCY_S,
+    NOMINAL_CUDA_LINK_BYTES_PER_S,
+    DeviceProfile,
+    HostProfile,
+)
+from .measure import DTYPES, dtype_name, links_without_cuda, measure_host
+from .schema import DeviceFigures, DiskFigures, Figure, LinkFigure, Measurements
+
+log = logging.getLogger(__name__)
+
+_NOMINAL = "nominal: a built-in rate, not measured"
+_NOT_NOMINAL = "the nominal profile has no figure for this"
+
+# Measured profiles that could not be cached, so that a process measures its host once.
+_uncached: dict[str, Measurements] = {}
+
+
+def _nominal_device(name: str) -> DeviceFigures:
+    if name == "cpu":
+        memory = Figure(float(psutil.virtual_memory().total), "B", "psutil.virtual_memory().total")
+        flops, latency, description = NOMINAL_CPU_FLOPS, NOMINAL_CPU_LATENCY_S, "host CPU"
+    else:
+        description, total = cuda_properties(name)
+        index = name.split(":")[1]
+        memory = Figure(
+            float(total), "B", f"torch.cuda.get_device_properties({index}).total_memory"
+        )
+        flops, latency = NOMINAL_CUDA_FLOPS, NOMINAL_CUDA_LATENCY_S
+    matmul = {dtype_name(dt): Figure.absent("FLOP/s", _NOT_NOMINAL) for dt in DTYPES}
+    matmul["float32"] = Figure(flops, "FLOP/s", _NOMINAL)
+    return DeviceFigures(
+        name=name,
+        kind="cpu" if name == "cpu" else "cuda",
+        description=description,
+        memory=memory,
+        matmul=matmul,
+        memory_bandwidth=Figure.absent("B/s", _NOT_NOMINAL),
+        op_latency=Figure(latency, "s", _NOMINAL),
+    )
+
+
+def nominal_measurements() -> Measurements:
+    """The built-in rates for this machine's devices, in the measured profile's form."""
+    cuda = detect_cuda_devices()
+    links = links_without_cuda() if not cuda else []
+    for dev in cuda:
+        rate = Figure(NOMINAL_CUDA_LINK_BYTES_PER_S, "B/s", _NOMINAL)
+        links += [
+            LinkFigure("h2d pinned", "cpu", dev, rate),
+            LinkFigure("d2h pinned", dev, "cpu", rate),
+        ]
+    return Measurements(
+        mode="nominal",
+        created_at=time.time(),
+        duration=Figure(0.0, "s", "nothing was measured"),
+        load=Figure.absent("%", "nothing was measured"),
+        fingerprint=current_fingerprint(),
+        devices=tuple(_nominal_device(name) for name in ["cpu", *cuda]),
+        links=tuple(links),
+        disk=DiskFigures.absent(_NOT_NOMINAL),
+    )
+
+
+def nominal_profile() -> HostProfile:
+    """This machine's devices with the built-in nominal rates (``profile="nominal"``)."""
+    return HostProfile.from_measurements(nominal_measurements(), "nominal")
+
+
+def load_profile_file(path: Path) -> HostProfile:
+    """The profile in the JSON file at ``path`` (``profile="<path>"``).
+
+    Raises :class:`OptionsError` when the file cannot be read or is not a profile.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise OptionsError(f"option 'profile': cannot read {path} ({exc.strerror})") from None
+    try:
+        profile = HostProfile.from_json(text, source=str(path))
+    except ValueError as exc:
+        raise OptionsError(
+            f"option 'profile': {path} is not a TensorTorrent host profile ({exc}); write one "
+            f"with `tensortorrent validate-hardware --output {path}`"
+        ) from None
+    assert profile.measurements is not None
+    diffs = current_fingerprint().differences(profile.measurements.fingerprint)
+    if diffs:
+        log.warning(
+            "profile file %s was measured on other hardware (%s); planning with it as asked",
+            path,
+            "; ".join(diffs),
+        )
+    return profile
+
+
+def auto_profile() -> HostProfile:
+    """The cached measured profile of this machine, measuring a short one on first use."""
+    fingerprint = current_fingerprint()
+    found = cache.lookup(fingerprint)
+    if found.measurements is not None:
+        age = cache.age_text(found.measurements.created_at)
+        return HostProfile.from_measurements(
+            found.measurements, f"measured (cached {found.path}, {age} old)"
+        )
+    if fingerprint.digest() in _uncached:
+        return HostProfile.from_measurements(_uncached[fingerprint.digest()], "measured now")
+    if found.suspicious:
+        log.warning("%s; measuring this machine again", found.problem)
+    else:
+        log.info("%s", found.problem)
+    log.info("measuring a short host profile (CPU float32 matmul, memory bandwidth)")
+    started = time.perf_counter()
+    measured = measure_host("short")
+    cpu = HostProfile.from_measurements(measured, "measured now").device("cpu")
+    log.info(
+        "measured the host profile in %.1f s: cpu %s; run `tensortorrent validate-hardware` "
+        "for every device, dtype, link and the disk",
+        time.perf_counter() - started,
+        format_rate(cpu.flops_per_s, "FLOP/s"),
+    )
+    try:
+        log.info("cached the host profile at %s", cache.save(measured))
+    except OSError as exc:
+        _uncached[fingerprint.digest()] = measured
+        log.warning(
+            "could not cache the host profile in %s (%s); set %s to a writable directory",
+            cache.cache_dir(),
+            exc.strerror or exc,
+            cache.CACHE_DIR_ENV,
+        )
+    return HostProfile.from_measurements(measured, "measured now")
+
+
+def _virtual_devices(settings: Settings) -> list[DeviceProfile]:
+    devices = []
+    for name in sorted(settings.virtual_devices, key=lambda n: int(n.split(":")[1])):
+        spec = settings.virtual_devices[name]
+        devices.append(
+            DeviceProfile(
+                name=name,
+                kind="virtual",
+                memory_bytes=spec.capacity_bytes,
+                flops_per_s=spec.flops_per_s,
+                h2d_bytes_per_s=spec.link_bytes_per_s,
+                d2h_bytes_per_s=spec.link_bytes_per_s,
+                latency_s=spec.latency_s,
+            )
+        )
+    return devices
+
+
+def host_profile(settings: Settings) -> HostProfile:
+    """Build the profile the planner uses for ``settings`` (host first, then CUDA, then virtual).
+
+    ``settings.profile`` picks the figures: ``"auto"`` (cached measurements, measured on
+    first use), ``"nominal"`` (built-in rates) or the path of a profile file. Virtual
+    devices are declared by the settings, never measured.
+    """
+    if settings.profile == "nominal":
+        base = nominal_profile()
+    elif settings.profile == "auto":
+        base = auto_profile()
+    else:
+        base = load_profile_file(Path(settings.profile))
+    real = tuple(d for d in base.devices if d.kind != "virtual")
+    return dataclasses.replace(base, devices=real + tuple(_virtual_devices(settings)))

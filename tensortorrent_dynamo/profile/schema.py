@@ -1,0 +1,321 @@
+"""The JSON form of a host's measurements: figures with units and methods, and the fingerprint.
+
+Every figure carries its unit and how it was obtained; an absent figure is ``null`` with a
+note saying why (no such device, not measured by this mode, unsupported), never a zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal, cast, get_args
+
+FORMAT_VERSION = 1
+"""Version of the JSON form; a file with another version is not read."""
+
+Mode = Literal["nominal", "short", "quick", "full"]
+"""How much was measured: nothing (built-in rates), the planner's minimum, or a report."""
+
+
+def _get(raw: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in raw:
+        raise ValueError(f"{where}: missing key {key!r}")
+    value = raw[key]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ValueError(f"{where}.{key}: expected {kind}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ValueError(f"{where}.{key}: expected {kind}, got {type(value).__name__}")
+    return value
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+    return cast(Mapping[str, Any], value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One quantity: its value (``None`` when absent), unit, method and an optional note.
+
+    ``note`` says why a value is absent, or what a reader should know about it (for
+    example that a dtype runs far slower than float32 on this device).
+    """
+
+    value: float | None
+    unit: str
+    method: str
+    note: str = ""
+
+    @classmethod
+    def absent(cls, unit: str, reason: str) -> Figure:
+        """A figure that was not measured, and why."""
+        return cls(value=None, unit=unit, method="not measured", note=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.value, "unit": self.unit, "method": self.method}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> Figure:
+        data = _mapping(raw, where)
+        value = _get(data, "value", (int, float, type(None)), where)
+        note = data.get("note", "")
+        if not isinstance(note, str):
+            raise ValueError(f"{where}.note: expected a string")
+        return cls(
+            value=None if value is None else float(value),
+            unit=_get(data, "unit", str, where),
+            method=_get(data, "method", str, where),
+            note=note,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    """What identifies the hardware a profile was measured on.
+
+    A cached profile is used only on a machine with the same fingerprint.
+    """
+
+    cpu_model: str
+    cpu_cores: int
+    ram_total_bytes: int
+    gpus: tuple[tuple[str, int], ...]
+    """(name, memory in bytes) of each CUDA device, in index order."""
+    torch_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpu_model": self.cpu_model,
+            "cpu_cores": self.cpu_cores,
+            "ram_total_bytes": self.ram_total_bytes,
+            "gpus": [{"name": n, "memory_bytes": m} for n, m in self.gpus],
+            "torch_version": self.torch_version,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str = "fingerprint") -> Fingerprint:
+        data = _mapping(raw, where)
+        gpus = []
+        for i, gpu in enumerate(_get(data, "gpus", list, where)):
+            at = f"{where}.gpus[{i}]"
+            g = _mapping(gpu, at)
+            gpus.append((_get(g, "name", str, at), _get(g, "memory_bytes", int, at)))
+        return cls(
+            cpu_model=_get(data, "cpu_model", str, where),
+            cpu_cores=_get(data, "cpu_cores", int, where),
+            ram_total_bytes=_get(data, "ram_total_bytes", int, where),
+            gpus=tuple(gpus),
+            torch_version=_get(data, "torch_version", str, where),
+        )
+
+    def digest(self) -> str:
+        """A short stable hash, used in the cache file name."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def differences(self, other: Fingerprint) -> list[str]:
+        """``"field: theirs -> ours"`` for each field where ``other`` differs from this one."""
+        ours, theirs = self.to_dict(), other.to_dict()
+        return [f"{k}: {theirs[k]!r} -> {ours[k]!r}" for k in ours if ours[k] != theirs[k]]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFigures:
+    """What was measured of one compute device (``cpu`` or ``cuda:N``)."""
+
+    name: str
+    kind: str
+    description: str
+    memory: Figure
+    matmul: Mapping[str, Figure]
+    """FLOP/s of a square matmul, by dtype name (``float32``, ``bfloat16``, ``float16``)."""
+    memory_bandwidth: Figure
+    op_latency: Figure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "description": self.description,
+            "memory": self.memory.to_dict(),
+            "matmul": {dtype: fig.to_dict() for dtype, fig in self.matmul.items()},
+            "memory_bandwidth": self.memory_bandwidth.to_dict(),
+            "op_latency": self.op_latency.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> DeviceFigures:
+        data = _mapping(raw, where)
+        matmul = _mapping(_get(data, "matmul", Mapping, where), f"{where}.matmul")
+        return cls(
+            name=_get(data, "name", str, where),
+            kind=_get(data, "kind", str, where),
+            description=_get(data, "description", str, where),
+            memory=Figure.from_dict(data.get("memory"), f"{where}.memory"),
+            matmul={k: Figure.from_dict(v, f"{where}.matmul.{k}") for k, v in matmul.items()},
+            memory_bandwidth=Figure.from_dict(
+                data.get("memory_bandwidth"), f"{where}.memory_bandwidth"
+            ),
+            op_latency=Figure.from_dict(data.get("op_latency"), f"{where}.op_latency"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkFigure:
+    """Bandwidth of one copy path, e.g. ``h2d pinned`` from ``cpu`` to ``cuda:0``."""
+
+    name: str
+    src: str
+    dst: str
+    bandwidth: Figure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "src": self.src,
+            "dst": self.dst,
+            "bandwidth": self.bandwidth.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> LinkFigure:
+        data = _mapping(raw, where)
+        return cls(
+            name=_get(data, "name", str, where),
+            src=_get(data, "src", str, where),
+            dst=_get(data, "dst", str, where),
+            bandwidth=Figure.from_dict(data.get("bandwidth"), f"{where}.bandwidth"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskFigures:
+    """The disk tier at the offload directory (``path`` is ``None`` when it was not measured)."""
+
+    path: str | None
+    free: Figure
+    read: Figure
+    write: Figure
+    latency: Figure
+    """Median time of one random 4 KiB read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "free": self.free.to_dict(),
+            "read": self.read.to_dict(),
+            "write": self.write.to_dict(),
+            "latency": self.latency.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> DiskFigures:
+        data = _mapping(raw, where)
+        return cls(
+            path=_get(data, "path", (str, type(None)), where),
+            free=Figure.from_dict(data.get("free"), f"{where}.free"),
+            read=Figure.from_dict(data.get("read"), f"{where}.read"),
+            write=Figure.from_dict(data.get("write"), f"{where}.write"),
+            latency=Figure.from_dict(data.get("latency"), f"{where}.latency"),
+        )
+
+    @classmethod
+    def absent(cls, reason: str, path: str | None = None) -> DiskFigures:
+        """A disk section with every figure absent for ``reason``."""
+        return cls(
+            path=path,
+            free=Figure.absent("B", reason),
+            read=Figure.absent("B/s", reason),
+            write=Figure.absent("B/s", reason),
+            latency=Figure.absent("s", reason),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Everything measured (or assumed, for ``mode="nominal"``) about one host.
+
+    This is the JSON that ``validate-hardware --output`` writes, the cache stores, and
+    ``profile=<path>`` loads.
+    """
+
+    mode: Mode
+    created_at: float
+    """Unix time of the measurement."""
+    duration: Figure
+    load: Figure
+    """How busy the CPUs were with other work just before measuring: busy machines measure low."""
+    fingerprint: Fingerprint
+    devices: tuple[DeviceFigures, ...]
+    links: tuple[LinkFigure, ...]
+    disk: DiskFigures
+
+    def device(self, name: str) -> DeviceFigures | None:
+        return next((d for d in self.devices if d.name == name), None)
+
+    def link(self, name: str, src: str, dst: str) -> LinkFigure | None:
+        return next(
+            (lk for lk in self.links if (lk.name, lk.src, lk.dst) == (name, src, dst)), None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        created = datetime.datetime.fromtimestamp(self.created_at, tz=datetime.timezone.utc)
+        return {
+            "format_version": FORMAT_VERSION,
+            "mode": self.mode,
+            "created_at": created.isoformat(),
+            "duration": self.duration.to_dict(),
+            "load": self.load.to_dict(),
+            "fingerprint": self.fingerprint.to_dict(),
+            "devices": [d.to_dict() for d in self.devices],
+            "links": [lk.to_dict() for lk in self.links],
+            "disk": self.disk.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, raw: object) -> Measurements:
+        """Parse the JSON form; raises ``ValueError`` naming the first bad key."""
+        data = _mapping(raw, "profile")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"format_version is {version!r}; this TensorTorrent reads version {FORMAT_VERSION}"
+            )
+        mode = _get(data, "mode", str, "profile")
+        if mode not in get_args(Mode):
+            raise ValueError(f"profile.mode: {mode!r} is not one of {get_args(Mode)}")
+        try:
+            created = datetime.datetime.fromisoformat(_get(data, "created_at", str, "profile"))
+        except ValueError as exc:
+            raise ValueError(f"profile.created_at: {exc}") from None
+        return cls(
+            mode=cast(Mode, mode),
+            created_at=created.timestamp(),
+            duration=Figure.from_dict(data.get("duration"), "profile.duration"),
+            load=Figure.from_dict(data.get("load"), "profile.load"),
+            fingerprint=Fingerprint.from_dict(data.get("fingerprint"), "profile.fingerprint"),
+            devices=tuple(
+                DeviceFigures.from_dict(d, f"profile.devices[{i}]")
+                for i, d in enumerate(_get(data, "devices", list, "profile"))
+            ),
+            links=tuple(
+                LinkFigure.from_dict(lk, f"profile.links[{i}]")
+                for i, lk in enumerate(_get(data, "links", list, "profile"))
+            ),
+            disk=DiskFigures.from_dict(data.get("disk"), "profile.disk"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Measurements:
+        """Parse JSON text; raises ``ValueError`` (``json.JSONDecodeError`` included)."""
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,44 @@
+"""The disk figures keep the page cache out, and say how."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensortorrent_dynamo.profile.disk import BLOCK_BYTES, DiskBench, writable_problem
+from tensortorrent_dynamo.profile.measure import measure_host
+
+
+@pytest.mark.parametrize("direct", [None, False], ids=["auto", "buffered"])
+def test_bench_measures_and_cleans_up(tmp_path: Path, direct: bool | None) -> None:
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, passes=2, reads=20, budget_s=2.0, direct=direct)
+    try:
+        write, read, latency = bench.write(), bench.read(), bench.latency()
+    finally:
+        bench.close()
+    assert list(tmp_path.iterdir()) == [], "the scratch file was left behind"
+    assert write.value and read.value and latency.value
+    assert write.unit == read.unit == "B/s" and latency.unit == "s"
+    if direct is False:
+        assert "posix_fadvise(POSIX_FADV_DONTNEED)" in read.method
+        assert "O_DIRECT" not in read.method
+    else:
+        assert ("O_DIRECT" in read.method) == bench.direct
+
+
+def test_unwritable_dir_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    problem = writable_problem(blocker / "offload")
+    assert problem is not None and str(blocker / "offload") in problem
+    assert writable_problem(tmp_path / "fresh") is None
+
+
+def test_measure_host_reports_an_unwritable_dir_instead_of_failing(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    m = measure_host("quick", blocker / "offload")
+    assert m.disk.read.value is None and m.disk.write.value is None
+    assert "not writable" in m.disk.read.note and m.disk.path == str(blocker / "offload")
+    assert m.device("cpu") is not None

@@ -1,0 +1,155 @@
+"""profile="auto": measured once per hardware fingerprint, cached, re-measured when it must be."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tensortorrent_dynamo.profile import cache, resolve
+from tensortorrent_dynamo.profile.schema import Fingerprint, Measurements
+from tensortorrent_dynamo.settings import parse_options
+
+AUTO = parse_options({"profile": "auto"})
+LOGGER = "tensortorrent_dynamo.profile.resolve"
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def measure_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace the short measurement by a fast fake that records each call."""
+    calls: list[str] = []
+
+    def fake(mode: str, *args: object, **kwargs: object) -> Measurements:
+        calls.append(mode)
+        m = resolve.nominal_measurements()
+        cpu = dataclasses.replace(
+            m.devices[0],
+            matmul={
+                **m.devices[0].matmul,
+                "float32": dataclasses.replace(
+                    m.devices[0].matmul["float32"], value=1.5e11, method="fake"
+                ),
+            },
+        )
+        return dataclasses.replace(m, mode="short", devices=(cpu, *m.devices[1:]))
+
+    monkeypatch.setattr(resolve, "measure_host", fake)
+    return calls
+
+
+def _other(fp: Fingerprint) -> Callable[[], Fingerprint]:
+    changed = dataclasses.replace(fp, torch_version=fp.torch_version + "+other")
+    return lambda: changed
+
+
+def test_first_use_measures_a_short_profile_and_caches_it(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert profile.source == "measured now"
+    cpu = profile.device("cpu")
+    assert profile.measurements is not None and profile.measurements.mode == "short"
+    assert cpu.flops_per_s == profile.measurements.devices[0].matmul["float32"].value
+    assert cpu.flops_per_s > 1e8 and cpu.memory_bandwidth_bytes_per_s
+    assert list(cache_dir.glob("host-profile-*.json")), "the profile was not cached"
+    text = caplog.text
+    assert "measuring a short host profile" in text and "measured the host profile in" in text
+
+
+def test_second_use_reads_the_cache(measure_calls: list[str]) -> None:
+    first = resolve.host_profile(AUTO)
+    second = resolve.host_profile(AUTO)
+    assert measure_calls == ["short"]
+    assert second.source.startswith("measured (cached ")
+    assert second.device("cpu").flops_per_s == first.device("cpu").flops_per_s == 1.5e11
+
+
+def test_other_hardware_is_measured_again(
+    measure_calls: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    monkeypatch.setattr(resolve, "current_fingerprint", _other(resolve.current_fingerprint()))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "other hardware" in caplog.text and "torch_version" in caplog.text
+
+
+def test_cache_file_with_a_foreign_fingerprint_is_not_used(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(resolve.current_fingerprint())
+    data = json.loads(path.read_text())
+    data["fingerprint"]["cpu_cores"] += 64
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert "other hardware" in caplog.text and "cpu_cores" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ['{"format_version": 1, "mode": "short"', '{"format_version": 99}', "[]", ""],
+    ids=["truncated", "other-version", "not-an-object", "empty"],
+)
+def test_corrupt_cache_is_measured_again(
+    garbage: str, measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = cache.profile_path(resolve.current_fingerprint())
+    path.parent.mkdir(parents=True)
+    path.write_text(garbage)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short"]
+    assert profile.source == "measured now"
+    assert "unreadable" in caplog.text and str(path) in caplog.text
+    assert Measurements.from_json(path.read_text()).mode == "short", "the cache was repaired"
+
+
+def test_unwritable_cache_measures_once_per_process(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    measure_calls: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(blocker / "cache"))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        resolve.host_profile(AUTO)
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short"]
+    assert profile.source == "measured now"
+    assert "could not cache the host profile" in caplog.text
+
+
+def test_nominal_never_measures(measure_calls: list[str]) -> None:
+    profile = resolve.host_profile(parse_options({"profile": "nominal"}))
+    assert measure_calls == []
+    assert profile.source == "nominal"
+    assert profile.device("cpu").flops_per_s == resolve.NOMINAL_CPU_FLOPS
+
+
+def test_virtual_devices_follow_host_and_cuda_in_index_order(measure_calls: list[str]) -> None:
+    settings = parse_options(
+        {"profile": "auto", "budgets": {"virtual:10": "1MiB", "virtual:2": "2MiB"}}
+    )
+    names = [d.name for d in resolve.host_profile(settings).devices]
+    cuda = resolve.detect_cuda_devices()
+    assert names == ["cpu", *cuda, "virtual:2", "virtual:10"]
+    assert resolve.host_profile(settings).device("virtual:2").memory_bytes == 2 * 1024**2

@@ -1,0 +1,187 @@
+"""`tensortorrent validate-hardware`: figures checked against naive measurements made here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tensortorrent_dynamo.cli import main
+from tensortorrent_dynamo.profile import cache, host_profile
+from tensortorrent_dynamo.settings import parse_options
+
+MIB = 1024**2
+
+
+def _naive_matmul_flops(n: int = 1024) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times)
+
+
+def _naive_disk_read(directory: Path, nbytes: int = 64 * MIB) -> float:
+    """Like `dd if=FILE of=/dev/null bs=4M iflag=direct`, 9 times, on a file written here."""
+    path = directory / "naive.bin"
+    with open(path, "wb") as f:
+        f.write(os.urandom(nbytes))
+        f.flush()
+        os.fsync(f.fileno())
+    rates = []
+    try:
+        for _ in range(9):
+            block = mmap.mmap(-1, 4 * MIB)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                fd = os.open(path, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start = time.perf_counter()
+            while os.readv(fd, [block]) > 0:
+                pass
+            rates.append(nbytes / (time.perf_counter() - start))
+            os.close(fd)
+            block.close()
+    finally:
+        path.unlink()
+    return statistics.median(rates)
+
+
+def _figures(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "value" in node:
+            yield node
+        else:
+            for child in node.values():
+                yield from _figures(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _figures(child)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    report: dict[str, Any]
+    tmp: Path
+    output: str
+    naive_flops: tuple[float, float]
+    naive_disk_read: tuple[float, float]
+
+
+def _within_2x(measured: float, naive: tuple[float, float]) -> bool:
+    return min(naive) / 2 < measured < max(naive) * 2
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One run of the real command as a user would start it, between naive measurements.
+
+    Naive figures are taken just before and just after it: this shared machine's disk and
+    CPU speeds drift from minute to minute, so the command is compared with both.
+    """
+    tmp = tmp_path_factory.mktemp("validate")
+    (tmp / "offload").mkdir()
+    flops_before, disk_before = _naive_matmul_flops(), _naive_disk_read(tmp / "offload")
+    out = tmp / "report.json"
+    env = {**os.environ, cache.CACHE_DIR_ENV: str(tmp / "cache")}
+    cmd = [sys.executable, "-m", "tensortorrent_dynamo.cli", "validate-hardware", "--quick"]
+    cmd += ["--output", str(out), "--offload-dir", str(tmp / "offload")]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return Run(
+        report=json.loads(out.read_text()),
+        tmp=tmp,
+        output=result.stdout + result.stderr,
+        naive_disk_read=(disk_before, _naive_disk_read(tmp / "offload")),
+        naive_flops=(flops_before, _naive_matmul_flops()),
+    )
+
+
+def test_cpu_float32_flops_agree_with_a_plain_matmul(run: Run) -> None:
+    report = run.report
+    cpu = next(d for d in report["devices"] if d["name"] == "cpu")
+    measured = cpu["matmul"]["float32"]["value"]
+    naive = run.naive_flops
+    assert _within_2x(measured, naive), (measured, naive)
+
+
+def test_disk_read_agrees_with_a_direct_read(run: Run) -> None:
+    report = run.report
+    measured = report["disk"]["read"]["value"]
+    naive = run.naive_disk_read
+    assert _within_2x(measured, naive), (measured, naive)
+    method = report["disk"]["read"]["method"]
+    assert "O_DIRECT" in method or "posix_fadvise" in method or "drop_caches" in method
+
+
+def test_every_figure_has_unit_and_method(run: Run) -> None:
+    report = run.report
+    figures = list(_figures(report))
+    assert len(figures) > 15
+    for fig in figures:
+        assert fig["unit"] and fig["method"], fig
+        assert fig["value"] is not None or fig.get("note"), f"absent without a reason: {fig}"
+    cpu = next(d for d in report["devices"] if d["name"] == "cpu")
+    assert set(cpu["matmul"]) == {"float32", "bfloat16", "float16"}
+    assert cpu["memory_bandwidth"]["value"] > 0 and report["disk"]["write"]["value"] > 0
+    assert 0 < report["disk"]["latency"]["value"] < 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA links to measure")
+def test_gpu_links_are_absent_not_zero(run: Run) -> None:
+    report = run.report
+    names = {link["name"] for link in report["links"]}
+    assert names == {"h2d pageable", "h2d pinned", "d2h pageable", "d2h pinned", "d2d"}
+    for link in report["links"]:
+        assert link["bandwidth"]["value"] is None
+        assert link["bandwidth"]["note"] == "no CUDA device"
+
+
+def test_progress_table_and_cache(run: Run) -> None:
+    report, tmp, output = run.report, run.tmp, run.output
+    steps = re.findall(r"\] (\d+)/(\d+) (.+) \(", output)
+    assert steps and steps[0][0] == "0" and steps[-1][0] == steps[-1][1] and steps[-1][2] == "done"
+    assert any(label == "cpu matmul float32" for _, _, label in steps)
+    for row in ("matmul float32", "memory bandwidth", "h2d pinned", "4 KiB random read"):
+        assert row in output
+    cached = list((tmp / "cache").glob("host-profile-*.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text()) == report
+
+
+def test_report_is_a_profile_the_planner_can_load(run: Run) -> None:
+    report, tmp = run.report, run.tmp
+    path = tmp / "report.json"
+    profile = host_profile(parse_options({"profile": str(path)}))
+    assert profile.source == str(path)
+    assert profile.device("cpu").flops_per_s == report["devices"][0]["matmul"]["float32"]["value"]
+    assert profile.disk_read_bytes_per_s == report["disk"]["read"]["value"]
+
+
+def test_unwritable_offload_dir_is_refused_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    offload = blocker / "offload"
+    assert main(["validate-hardware", "--quick", "--offload-dir", str(offload)]) != 0
+    err = capsys.readouterr().err
+    assert f"offload dir {offload} is not writable" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "cache").exists(), "nothing was measured or cached"
