@@ -2,41 +2,63 @@
 
 ``torch.compile(model, backend="tensortorrent", options={...})`` or
 ``tt.compile(model, example_inputs=(x,), budgets={...})``.
+
+The public names load on first use: torch imports ``tensortorrent_dynamo._logs``
+while ``import torch`` is still running, so this package must import nothing heavy.
 """
 
-from .api import CompiledModule, compile
-from .backend import TensorTorrentBackend, tensortorrent_backend
-from .errors import (
-    BudgetParseError,
-    NativePlannerUnavailable,
-    OptionsError,
-    PlanInfeasible,
-    TensorTorrentError,
-    TensorTorrentWarning,
-    UnsupportedNodeError,
-    VirtualDeviceOutOfMemory,
-)
-from .settings import Settings, VirtualDeviceSpec, parse_options
-from .units import parse_bytes
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import CompiledModule, compile
+    from .backend import TensorTorrentBackend, tensortorrent_backend
+    from .errors import (
+        BudgetParseError,
+        NativePlannerUnavailable,
+        OptionsError,
+        PlanInfeasible,
+        TensorTorrentError,
+        TensorTorrentWarning,
+        UnsupportedNodeError,
+        VirtualDeviceOutOfMemory,
+    )
+    from .settings import Settings, VirtualDeviceSpec, parse_options
+    from .units import parse_bytes
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BudgetParseError",
-    "CompiledModule",
-    "NativePlannerUnavailable",
-    "OptionsError",
-    "PlanInfeasible",
-    "Settings",
-    "TensorTorrentBackend",
-    "TensorTorrentError",
-    "TensorTorrentWarning",
-    "UnsupportedNodeError",
-    "VirtualDeviceOutOfMemory",
-    "VirtualDeviceSpec",
-    "__version__",
-    "compile",
-    "parse_bytes",
-    "parse_options",
-    "tensortorrent_backend",
-]
+_HOME = {
+    "CompiledModule": "api",
+    "compile": "api",
+    "TensorTorrentBackend": "backend",
+    "tensortorrent_backend": "backend",
+    "BudgetParseError": "errors",
+    "NativePlannerUnavailable": "errors",
+    "OptionsError": "errors",
+    "PlanInfeasible": "errors",
+    "TensorTorrentError": "errors",
+    "TensorTorrentWarning": "errors",
+    "UnsupportedNodeError": "errors",
+    "VirtualDeviceOutOfMemory": "errors",
+    "Settings": "settings",
+    "VirtualDeviceSpec": "settings",
+    "parse_options": "settings",
+    "parse_bytes": "units",
+}
+
+__all__ = sorted([*_HOME, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

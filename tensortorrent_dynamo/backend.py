@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from ._logs import PLAN_ARTIFACT, register
-from .compile import compile_segments
+from .compiler import compile_segments
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, TensorTorrentWarning, UnsupportedNodeError
 from .plan import GraphPlan, plan_graph

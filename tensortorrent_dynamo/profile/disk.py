@@ -26,6 +26,9 @@ from .schema import Figure
 BLOCK_BYTES = 4 * 1024**2
 PAGE_BYTES = 4096
 _LATENCY_WARMUP = 5
+# Passes over the file per timed sample: on some virtual disks consecutive passes alternate
+# between fast and slow, and a median of single passes would flip between the two.
+PASSES_PER_SAMPLE = 2
 _DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
@@ -75,7 +78,7 @@ class DiskBench:
         self,
         directory: Path,
         nbytes: int,
-        passes: int,
+        samples: int,
         reads: int,
         budget_s: float,
         direct: bool | None = None,
@@ -85,7 +88,7 @@ class DiskBench:
         free = psutil.disk_usage(str(directory)).free
         # Leave most of the free space alone: the bench must never fill the disk.
         self.nbytes = min(nbytes, free // 4) // BLOCK_BYTES * BLOCK_BYTES
-        self.passes = passes
+        self.samples = samples
         self.reads = reads
         self.budget_s = budget_s
         self.free = free
@@ -133,23 +136,24 @@ class DiskBench:
             return ""
         return "the page cache could not be dropped here: this may be memory speed"
 
-    def _passes(self, once: Callable[[], float], share: float) -> list[float]:
-        """Timed passes of ``once`` after one warm-up pass, within ``share`` of the budget."""
+    def _samples(self, once: Callable[[], float], share: float) -> list[float]:
+        """Seconds per pass of ``once``: one sample per ``PASSES_PER_SAMPLE`` passes.
+
+        One untimed warm-up pass comes first; sampling stops early past ``share`` of the budget.
+        """
         deadline = time.perf_counter() + share * self.budget_s
+        once()
         samples: list[float] = []
-        for i in range(1 + self.passes):
-            elapsed = once()
-            if i:
-                samples.append(elapsed)
-            if samples and time.perf_counter() > deadline:
+        while len(samples) < self.samples:
+            samples.append(sum(once() for _ in range(PASSES_PER_SAMPLE)) / PASSES_PER_SAMPLE)
+            if time.perf_counter() > deadline:
                 break
         return samples
 
     def _buffer(self) -> mmap.mmap:
         """A new page-aligned copy of the random block, its pages already faulted in.
 
-        Each pass gets its own: on virtual machines, how fast the host moves data into a
-        buffer depends on where its pages happen to live, and one buffer would skew every pass.
+        Each pass gets its own, so that no single buffer's placement in memory skews every pass.
         """
         buf = mmap.mmap(-1, BLOCK_BYTES)
         buf[:] = self.block
@@ -190,7 +194,7 @@ class DiskBench:
 
     def write(self) -> Figure:
         """Sequential write bandwidth: file size / median time of a write plus fsync."""
-        samples = self._passes(self._write_once, 0.4)
+        samples = self._samples(self._write_once, 0.4)
         how = "O_DIRECT writes" if self.direct else "buffered writes"
         return Figure(
             value=self.nbytes / statistics.median(samples),
@@ -198,14 +202,14 @@ class DiskBench:
             method=(
                 f"{how} of a {format_bytes(self.nbytes)} file of random bytes in "
                 f"{format_bytes(BLOCK_BYTES)} blocks from a new page-aligned buffer each pass, "
-                f"then fsync; size / median time of "
-                f"{len(samples)} passes after 1 warm-up pass; at {self._where()}"
+                f"then fsync; size / median over {len(samples)} samples of the mean time of "
+                f"{PASSES_PER_SAMPLE} passes, after 1 warm-up pass; at {self._where()}"
             ),
         )
 
     def read(self) -> Figure:
         """Sequential read bandwidth, with the page cache kept out."""
-        samples = self._passes(self._read_once, 0.4)
+        samples = self._samples(self._read_once, 0.4)
         if self.direct:
             how = "O_DIRECT reads"
         else:
@@ -216,8 +220,9 @@ class DiskBench:
             unit="B/s",
             method=(
                 f"{how} of a {format_bytes(self.nbytes)} file in {format_bytes(BLOCK_BYTES)} "
-                f"blocks into a new page-aligned buffer each pass; size / median time of {len(samples)} passes after 1 warm-up pass; "
-                f"at {self._where()}"
+                f"blocks into a new page-aligned buffer each pass; size / median over "
+                f"{len(samples)} samples of the mean time of {PASSES_PER_SAMPLE} passes, "
+                f"after 1 warm-up pass; at {self._where()}"
             ),
             note=self._cache_note(),
         )

@@ -48,8 +48,8 @@ class Budget:
     gpu_copy_bytes: int
     link_bytes: int
     disk_bytes: int
-    disk_passes: int
-    """Timed passes over the disk file, each way (the disk varies more than the CPU)."""
+    disk_samples: int
+    """Timed samples of the disk file, each way (the disk varies more than the CPU)."""
     disk_reads: int
     disk_budget_s: float
     dtypes: tuple[torch.dtype, ...]
@@ -67,7 +67,7 @@ BUDGETS: dict[Mode, Budget] = {
         gpu_copy_bytes=256 * _MIB,
         link_bytes=64 * _MIB,
         disk_bytes=0,
-        disk_passes=0,
+        disk_samples=0,
         disk_reads=0,
         disk_budget_s=0.0,
         dtypes=(torch.float32,),
@@ -83,7 +83,7 @@ BUDGETS: dict[Mode, Budget] = {
         gpu_copy_bytes=256 * _MIB,
         link_bytes=64 * _MIB,
         disk_bytes=64 * _MIB,
-        disk_passes=9,
+        disk_samples=5,
         disk_reads=200,
         disk_budget_s=3.0,
         dtypes=DTYPES,
@@ -99,7 +99,7 @@ BUDGETS: dict[Mode, Budget] = {
         gpu_copy_bytes=1024 * _MIB,
         link_bytes=256 * _MIB,
         disk_bytes=256 * _MIB,
-        disk_passes=9,
+        disk_samples=5,
         disk_reads=1000,
         disk_budget_s=20.0,
         dtypes=DTYPES,
@@ -327,7 +327,7 @@ def _plan_disk(
     if problem:
         return None, [], DiskFigures.absent(problem, str(offload_dir))
     bench = DiskBench(
-        offload_dir, budget.disk_bytes, budget.disk_passes, budget.disk_reads, budget.disk_budget_s
+        offload_dir, budget.disk_bytes, budget.disk_samples, budget.disk_reads, budget.disk_budget_s
     )
     if bench.nbytes == 0:
         bench.close()

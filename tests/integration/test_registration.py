@@ -10,7 +10,9 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    assert "tensortorrent_dynamo" not in sys.modules
+    # torch loaded our log registration, and nothing else of ours
+    assert "tensortorrent_dynamo._logs" in sys.modules
+    assert "tensortorrent_dynamo.backend" not in sys.modules
     layers = [m for _ in range(4) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())]
     model = torch.nn.Sequential(*layers)
     x = torch.randn(2, 64)

@@ -12,7 +12,7 @@ from tensortorrent_dynamo.profile.measure import measure_host
 
 @pytest.mark.parametrize("direct", [None, False], ids=["auto", "buffered"])
 def test_bench_measures_and_cleans_up(tmp_path: Path, direct: bool | None) -> None:
-    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, passes=2, reads=20, budget_s=2.0, direct=direct)
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0, direct=direct)
     try:
         write, read, latency = bench.write(), bench.read(), bench.latency()
     finally:
