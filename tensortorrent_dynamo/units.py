@@ -89,9 +89,9 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(s: float) -> str:
-    """Seconds in the unit a reader expects (µs, ms or s)."""
+    """Seconds in the unit a reader expects (us, ms or s), in ASCII."""
     if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
+        return f"{s * 1e6:.1f} us"
     if s < 1:
         return f"{s * 1e3:.2f} ms"
     return f"{s:.3f} s"

@@ -61,7 +61,7 @@ BUDGETS: dict[Mode, Budget] = {
         warmup=1,
         sample_s=0.04,
         figure_s=1.0,
-        cpu_matmul_n=512,
+        cpu_matmul_n=1024,
         gpu_matmul_n=4096,
         cpu_copy_bytes=64 * _MIB,
         gpu_copy_bytes=256 * _MIB,
@@ -77,7 +77,7 @@ BUDGETS: dict[Mode, Budget] = {
         warmup=1,
         sample_s=0.05,
         figure_s=1.0,
-        cpu_matmul_n=512,
+        cpu_matmul_n=1024,
         gpu_matmul_n=4096,
         cpu_copy_bytes=64 * _MIB,
         gpu_copy_bytes=256 * _MIB,
@@ -93,7 +93,7 @@ BUDGETS: dict[Mode, Budget] = {
         warmup=2,
         sample_s=0.2,
         figure_s=3.0,
-        cpu_matmul_n=1024,
+        cpu_matmul_n=2048,
         gpu_matmul_n=8192,
         cpu_copy_bytes=256 * _MIB,
         gpu_copy_bytes=1024 * _MIB,
@@ -428,7 +428,8 @@ def measure_host(
         steps.append(_Step(("latency", dev), f"{dev} op latency", "s", run))
     link_steps, absent_links = _plan_links(cuda, mode)
     bench, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
-    steps += link_steps + disk_steps
+    # The disk goes first, while no benchmark threads of the CPU steps are still around.
+    steps = disk_steps + steps + link_steps
     results: dict[tuple[str, ...], Figure] = {}
     try:
         for i, step in enumerate(steps):

@@ -16,9 +16,10 @@ def _compiled() -> tt.CompiledModule:
     return tt.compile(
         model,
         example_inputs=(x,),
-        budgets={"virtual:0": "9KiB", "cpu": "1GiB"},
-        virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB"}},
+        budgets={"virtual:0": "10KiB", "cpu": "1GiB"},
+        virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
         compiler="eager",
+        profile="nominal",
     )
 
 
@@ -28,13 +29,54 @@ class TestExplain(expecttest.TestCase):
         compiled = _compiled()
         self.assertExpectedInline(
             compiled.explain(),
-            """""",
+            """\
+TensorTorrent plan: 1 graph(s), objective latency, profile nominal
+
+Devices
+  device     kind     budget     compute        link h2d    peak predicted  peak measured
+  cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       -
+  virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
+
+Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 84e73cfd562442b1
+  candidates: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
+  segment   device     compiler  nodes  FLOPs       params resident  streamed
+  submod_1  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB
+  submod_2  virtual:0  eager     2      8.19 kFLOP  4.00 KiB         128 B
+  submod_3  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB
+  streamed parameters (3, prefetched one segment ahead, evicted after last use): 0.weight, 2.bias, 4.weight
+  predicted time: 11.1 us
+
+Predicted time per forward: 11.1 us""",
         )
 
     def test_schedule_code(self) -> None:
         torch._dynamo.reset()
         compiled = _compiled()
         code = compiled.graphs[0].module.code
-        body = [line.strip() for line in code.splitlines() if "tensortorrent_dynamo" in line]
+        body = [
+            line.strip()
+            for line in code.splitlines()
+            if "tensortorrent_dynamo" in line or "self.submod_" in line
+        ]
         calls = [re.sub(r";.*", "", line) for line in body]
-        self.assertExpectedInline("\n".join(calls), """""")
+        self.assertExpectedInline(
+            "\n".join(calls),
+            """\
+transfer = tensortorrent_dynamo_run_transfer(tt_runtime, l_args_0_, 'virtual:0')
+prefetch = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_0_parameters_weight_, '0.weight', 'virtual:0')
+wait = tensortorrent_dynamo_run_wait(prefetch)
+resident = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_0_parameters_bias_, '0.bias', 'virtual:0')
+prefetch_1 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_2_parameters_bias_, '2.bias', 'virtual:0')
+submod_1 = self.submod_1(transfer, wait, resident)
+evict = tensortorrent_dynamo_run_evict(prefetch)
+resident_1 = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_2_parameters_weight_, '2.weight', 'virtual:0')
+wait_1 = tensortorrent_dynamo_run_wait(prefetch_1)
+prefetch_2 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_4_parameters_weight_, '4.weight', 'virtual:0')
+submod_2 = self.submod_2(submod_1, resident_1, wait_1)
+evict_1 = tensortorrent_dynamo_run_evict(prefetch_1)
+wait_2 = tensortorrent_dynamo_run_wait(prefetch_2)
+resident_2 = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_4_parameters_bias_, '4.bias', 'virtual:0')
+submod_3 = self.submod_3(submod_2, wait_2, resident_2)
+evict_2 = tensortorrent_dynamo_run_evict(prefetch_2)
+transfer_1 = tensortorrent_dynamo_run_transfer(tt_runtime, submod_3, 'cpu')""",
+        )
