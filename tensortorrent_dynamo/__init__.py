@@ -49,7 +49,25 @@ _HOME = {
     "parse_bytes": "units",
 }
 
-__all__ = sorted([*_HOME, "__version__"])
+__all__ = [
+    "BudgetParseError",
+    "CompiledModule",
+    "NativePlannerUnavailable",
+    "OptionsError",
+    "PlanInfeasible",
+    "Settings",
+    "TensorTorrentBackend",
+    "TensorTorrentError",
+    "TensorTorrentWarning",
+    "UnsupportedNodeError",
+    "VirtualDeviceOutOfMemory",
+    "VirtualDeviceSpec",
+    "__version__",
+    "compile",
+    "parse_bytes",
+    "parse_options",
+    "tensortorrent_backend",
+]
 
 
 def __getattr__(name: str) -> Any:

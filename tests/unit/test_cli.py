@@ -25,3 +25,12 @@ def test_unknown_command_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_public_names_all_resolve() -> None:
+    import tensortorrent as tt
+    import tensortorrent_dynamo
+
+    assert set(tt.__all__) == set(tensortorrent_dynamo._HOME) | {"__version__"}
+    for name in tt.__all__:
+        assert getattr(tt, name) is getattr(tensortorrent_dynamo, name)
