@@ -13,8 +13,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import CompiledModule, compile
+    from .api import CompiledModule, compile, export_cost_graphs
     from .backend import TensorTorrentBackend, tensortorrent_backend
+    from .cost_graph import CostGraph
     from .errors import (
         BudgetParseError,
         NativePlannerUnavailable,
@@ -33,6 +34,8 @@ __version__ = "0.1.0"
 _HOME = {
     "CompiledModule": "api",
     "compile": "api",
+    "export_cost_graphs": "api",
+    "CostGraph": "cost_graph",
     "TensorTorrentBackend": "backend",
     "tensortorrent_backend": "backend",
     "BudgetParseError": "errors",
@@ -52,6 +55,7 @@ _HOME = {
 __all__ = [
     "BudgetParseError",
     "CompiledModule",
+    "CostGraph",
     "NativePlannerUnavailable",
     "OptionsError",
     "PlanInfeasible",
@@ -64,6 +68,7 @@ __all__ = [
     "VirtualDeviceSpec",
     "__version__",
     "compile",
+    "export_cost_graphs",
     "parse_bytes",
     "parse_options",
     "tensortorrent_backend",

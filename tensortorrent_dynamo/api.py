@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .backend import CompiledGraph, TensorTorrentBackend
+from .cost_graph import CostGraph, build_cost_graph
 from .errors import TensorTorrentError
 from .explain import explain
 from .settings import parse_options
@@ -70,3 +71,20 @@ def compile(
         with torch.no_grad():
             compiled(*example_inputs)
     return compiled
+
+
+def export_cost_graphs(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[CostGraph]:
+    """The cost graph of every graph Dynamo captures from ``model`` (one per graph break).
+
+    Nothing is planned; save each with ``CostGraph.save`` to plan it offline
+    (``tensortorrent cost-graph FILE``) or to attach it to a bug report.
+    """
+    graphs: list[CostGraph] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        graphs.append(build_cost_graph(gm, inputs))
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(*example_inputs)
+    return graphs

@@ -10,17 +10,22 @@ real compute happens here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from ._native import native_planner
+from .errors import CostGraphFormatError
 
 if TYPE_CHECKING:
     from . import _planner
@@ -28,11 +33,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+COST_GRAPH_FORMAT = "tensortorrent-cost-graph"
+COST_GRAPH_FORMAT_VERSION = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class CostNode:
     """One node of the cost graph.
 
-    ``fallback`` is why the node could not be costed or placed (it then runs on the host).
+    Attributes:
+        flops: what ``FlopCounterMode`` counts for the op (matmuls, convolutions,
+            attention). Ops it does not count (elementwise, norms, reductions, views)
+            have 0 here and are costed by ``bytes_accessed`` instead: they are
+            memory-bound, so the bytes they read and write set their time.
+        out_bytes: bytes of every tensor the node returns (views included).
+        alloc_bytes: bytes of new storage the node allocates (0 for a view).
+        bytes_accessed: bytes of tensors read plus ``alloc_bytes`` written.
+        last_use: index of the last node that reads the value; ``len(nodes)`` when
+            the value is a graph output or a graph input (the caller holds both).
+        fallback: why the node could not be costed or placed (it then runs on the host).
     """
 
     name: str
@@ -44,11 +63,18 @@ class CostNode:
     host_only: bool
     is_graph_input: bool = False
     fallback: str | None = None
+    alloc_bytes: int = 0
+    bytes_accessed: int = 0
+    last_use: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class ParamRef:
-    """A parameter or buffer the graph reads: placeholder position, FQN, size and users."""
+    """A parameter or buffer the graph reads.
+
+    ``home`` is the device holding it now (``cpu``, ``cuda:0``, or ``meta`` for a
+    model built empty).
+    """
 
     placeholder: str
     arg_index: int
@@ -57,15 +83,31 @@ class ParamRef:
     dtype: str
     shape: tuple[int, ...]
     users: tuple[int, ...]
+    home: str = "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSpan:
+    """One activation storage: allocated by node ``first``, freed after node ``last``."""
+
+    first: int
+    last: int
+    nbytes: int
 
 
 @dataclasses.dataclass(frozen=True)
 class CostGraph:
-    """Nodes in topological order, parameters, and which nodes are the graph's outputs."""
+    """Nodes in topological order, parameters, outputs, and activation lifetimes.
+
+    ``assumed_sizes`` maps each symbolic size of a dynamic-shape graph to the value
+    the costs were computed with (Dynamo's hint).
+    """
 
     nodes: tuple[CostNode, ...]
     params: tuple[ParamRef, ...]
     output_ids: tuple[int, ...]
+    storages: tuple[StorageSpan, ...] = ()
+    assumed_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total_flops(self) -> float:
@@ -78,6 +120,71 @@ class CostGraph:
     @property
     def fallbacks(self) -> list[CostNode]:
         return [n for n in self.nodes if n.fallback is not None]
+
+    def live_bytes(self) -> list[int]:
+        """Activation bytes alive while each node runs (parameters not included)."""
+        delta = [0] * (len(self.nodes) + 1)
+        for span in self.storages:
+            delta[span.first] += span.nbytes
+            delta[min(span.last, len(self.nodes) - 1) + 1] -= span.nbytes
+        live, running = [], 0
+        for step in range(len(self.nodes)):
+            running += delta[step]
+            live.append(running)
+        return live
+
+    @property
+    def peak_live_bytes(self) -> int:
+        return max(self.live_bytes(), default=0)
+
+    def to_json(self) -> dict[str, Any]:
+        """A versioned, self-contained form: plan it offline, attach it to a bug report."""
+        return {
+            "format": COST_GRAPH_FORMAT,
+            "format_version": COST_GRAPH_FORMAT_VERSION,
+            "torch_version": torch.__version__,
+            "nodes": [dataclasses.asdict(n) for n in self.nodes],
+            "params": [dataclasses.asdict(p) for p in self.params],
+            "output_ids": list(self.output_ids),
+            "storages": [dataclasses.asdict(s) for s in self.storages],
+            "assumed_sizes": dict(self.assumed_sizes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CostGraph:
+        """Read :meth:`to_json`'s form; refuses other formats and versions."""
+        if not isinstance(data, Mapping) or data.get("format") != COST_GRAPH_FORMAT:
+            raise CostGraphFormatError("not a TensorTorrent cost graph (no 'format' field)")
+        version = data.get("format_version")
+        if version != COST_GRAPH_FORMAT_VERSION:
+            raise CostGraphFormatError(
+                f"cost graph format version {version!r} is not supported "
+                f"(this TensorTorrent reads version {COST_GRAPH_FORMAT_VERSION})"
+            )
+        try:
+            return cls(
+                nodes=tuple(CostNode(**{**n, "inputs": tuple(n["inputs"])}) for n in data["nodes"]),
+                params=tuple(
+                    ParamRef(**{**p, "shape": tuple(p["shape"]), "users": tuple(p["users"])})
+                    for p in data["params"]
+                ),
+                output_ids=tuple(data["output_ids"]),
+                storages=tuple(StorageSpan(**s) for s in data["storages"]),
+                assumed_sizes=dict(data["assumed_sizes"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise CostGraphFormatError(f"malformed cost graph: {exc!r}") from exc
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostGraph:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CostGraphFormatError(f"cannot read a cost graph from {path}: {exc}") from exc
+        return cls.from_json(data)
 
     def to_native(self) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes."""
@@ -181,7 +288,7 @@ def _count_flops(node: torch.fx.Node) -> float:
             getattr(args[0], str(node.target))(*args[1:], **kwargs)
         else:
             raise ValueError(f"cannot cost a {node.op} node")
-    return float(counter.get_total_flops())
+    return float(_hint(counter.get_total_flops()))
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -190,62 +297,94 @@ def _target_name(node: torch.fx.Node) -> str:
     return str(node.target)
 
 
-def build_cost_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> CostGraph:
-    """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks."""
-    original_fqns: dict[str, str] = dict(gm.meta.get("dynamo_flat_name_to_original_fqn", {}))
-    index: dict[torch.fx.Node, int] = {}
-    param_of: dict[torch.fx.Node, int] = {}
-    nodes: list[CostNode] = []
-    params: list[dict[str, Any]] = []
-    output_ids: list[int] = []
-    placeholder_pos = 0
+def _leaves(value: object) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return int(StorageWeakRef(tensor.untyped_storage()).cdata)
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    return _hint(tensor.untyped_storage().nbytes())
+
+
+def _assumed_sizes(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Each symbol of a dynamic-shape graph and the value it was traced with."""
+    sizes: dict[str, int] = {}
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            real = example_inputs[placeholder_pos]
-            value = real if isinstance(real, torch.Tensor) else _example(node)
-            if is_static_input(node) and isinstance(value, torch.Tensor):
-                param_of[node] = len(params)
-                params.append(
-                    {
-                        "placeholder": node.name,
-                        "arg_index": placeholder_pos,
-                        "fqn": fqn_of(str(node.target), original_fqns),
-                        "nbytes": tensor_bytes(value),
-                        "dtype": str(value.dtype).removeprefix("torch."),
-                        "shape": tuple(_hint(s) for s in value.shape),
-                        "users": [],
-                    }
-                )
-            else:
-                index[node] = len(nodes)
-                nodes.append(
-                    CostNode(
-                        name=node.name,
-                        op="placeholder",
-                        target=str(node.target),
-                        flops=0.0,
-                        out_bytes=tensor_bytes(value),
-                        inputs=(),
-                        host_only=True,
-                        is_graph_input=True,
-                    )
-                )
-            placeholder_pos += 1
+        if node.op != "placeholder":
             continue
-        if node.op == "output":
-            for arg in node.all_input_nodes:
-                if arg in index and index[arg] not in output_ids:
-                    output_ids.append(index[arg])
-            continue
-        my_id = len(nodes)
+        value = _example(node)
+        dims = [value] if isinstance(value, torch.SymInt) else []
+        if isinstance(value, torch.Tensor):
+            dims = [d for d in value.shape if isinstance(d, torch.SymInt)]
+        for dim in dims:
+            expr = dim.node.expr
+            if getattr(expr, "is_Symbol", False):
+                sizes[str(expr)] = _hint(dim)
+    return sizes
+
+
+class _Builder:
+    """Walks the FX graph once, in order, collecting nodes, parameters and storages."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> None:
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.original_fqns: dict[str, str] = dict(
+            gm.meta.get("dynamo_flat_name_to_original_fqn", {})
+        )
+        self.index: dict[torch.fx.Node, int] = {}
+        self.param_of: dict[torch.fx.Node, int] = {}
+        self.nodes: list[dict[str, Any]] = []
+        self.params: list[dict[str, Any]] = []
+        self.output_ids: list[int] = []
+        self.param_storages: set[int] = set()
+        # storage key -> [first node, bytes, nodes whose value refers to it]
+        self.storages: dict[int, list[Any]] = {}
+
+    def placeholder(self, node: torch.fx.Node, position: int) -> None:
+        real = self.example_inputs[position]
+        value = real if isinstance(real, torch.Tensor) else _example(node)
+        if is_static_input(node) and isinstance(value, torch.Tensor):
+            self.param_of[node] = len(self.params)
+            fake = _example(node)
+            if isinstance(fake, torch.Tensor):
+                self.param_storages.add(_storage_key(fake))
+            self.params.append(
+                {
+                    "placeholder": node.name,
+                    "arg_index": position,
+                    "fqn": fqn_of(str(node.target), self.original_fqns),
+                    "nbytes": tensor_bytes(value),
+                    "dtype": str(value.dtype).removeprefix("torch."),
+                    "shape": tuple(_hint(s) for s in value.shape),
+                    "users": [],
+                    "home": str(value.device),
+                }
+            )
+            return
+        self.add(
+            node,
+            op="placeholder",
+            target=str(node.target),
+            flops=0.0,
+            inputs=[],
+            fallback=None,
+            is_graph_input=True,
+        )
+
+    def operation(self, node: torch.fx.Node) -> None:
+        my_id = len(self.nodes)
         inputs: list[int] = []
         for arg in node.all_input_nodes:
-            if arg in param_of:
-                users = params[param_of[arg]]["users"]
+            if arg in self.param_of:
+                users = self.params[self.param_of[arg]]["users"]
                 if my_id not in users:
                     users.append(my_id)
-            elif arg in index and index[arg] not in inputs:
-                inputs.append(index[arg])
+            elif arg in self.index and self.index[arg] not in inputs:
+                inputs.append(self.index[arg])
         fallback: str | None = None
         try:
             flops = _count_flops(node)
@@ -254,32 +393,95 @@ def build_cost_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object])
             fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         if node.op == "call_module":
             fallback = fallback or "submodule calls are run where they were"
-        index[node] = my_id
-        nodes.append(
-            CostNode(
-                name=node.name,
-                op=node.op,
-                target=_target_name(node),
-                flops=flops,
-                out_bytes=tensor_bytes(_example(node)),
-                inputs=tuple(sorted(inputs)),
-                host_only=fallback is not None,
-                fallback=fallback,
-            )
+        read = sum(tensor_bytes(_example(a)) for a in node.all_input_nodes)
+        self.add(
+            node,
+            op=node.op,
+            target=_target_name(node),
+            flops=flops,
+            inputs=sorted(inputs),
+            fallback=fallback,
+            read_bytes=read,
         )
-    return CostGraph(
-        nodes=tuple(nodes),
-        params=tuple(
-            ParamRef(
-                placeholder=p["placeholder"],
-                arg_index=p["arg_index"],
-                fqn=p["fqn"],
-                nbytes=p["nbytes"],
-                dtype=p["dtype"],
-                shape=p["shape"],
-                users=tuple(p["users"]),
+
+    def add(
+        self,
+        node: torch.fx.Node,
+        *,
+        op: str,
+        target: str,
+        flops: float,
+        inputs: list[int],
+        fallback: str | None,
+        is_graph_input: bool = False,
+        read_bytes: int = 0,
+    ) -> None:
+        my_id = len(self.nodes)
+        value = _example(node)
+        alloc = 0
+        for leaf in _leaves(value):
+            key = _storage_key(leaf)
+            if key in self.param_storages:
+                continue
+            if key not in self.storages:
+                self.storages[key] = [my_id, _storage_bytes(leaf), []]
+                alloc += _storage_bytes(leaf)
+            self.storages[key][2].append(my_id)
+        self.index[node] = my_id
+        self.nodes.append(
+            {
+                "name": node.name,
+                "op": op,
+                "target": target,
+                "flops": flops,
+                "out_bytes": tensor_bytes(value),
+                "inputs": tuple(inputs),
+                "host_only": is_graph_input or fallback is not None,
+                "is_graph_input": is_graph_input,
+                "fallback": fallback,
+                "alloc_bytes": alloc,
+                "bytes_accessed": read_bytes + alloc,
+                "last_use": my_id,
+            }
+        )
+
+    def finish(self) -> CostGraph:
+        end = len(self.nodes)
+        for nid, node in enumerate(self.nodes):
+            for i in node["inputs"]:
+                self.nodes[i]["last_use"] = max(self.nodes[i]["last_use"], nid)
+            if node["is_graph_input"]:
+                node["last_use"] = end
+        for nid in self.output_ids:
+            self.nodes[nid]["last_use"] = end
+        spans = tuple(
+            StorageSpan(
+                first=first, last=max(self.nodes[u]["last_use"] for u in users), nbytes=nbytes
             )
-            for p in params
-        ),
-        output_ids=tuple(output_ids),
-    )
+            for first, nbytes, users in self.storages.values()
+        )
+        return CostGraph(
+            nodes=tuple(CostNode(**n) for n in self.nodes),
+            params=tuple(ParamRef(**{**p, "users": tuple(p["users"])}) for p in self.params),
+            output_ids=tuple(self.output_ids),
+            storages=tuple(sorted(spans, key=lambda s: (s.first, s.last, s.nbytes))),
+            assumed_sizes=_assumed_sizes(self.gm),
+        )
+
+
+def build_cost_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> CostGraph:
+    """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks."""
+    builder = _Builder(gm, example_inputs)
+    position = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            builder.placeholder(node, position)
+            position += 1
+        elif node.op == "output":
+            for arg in node.all_input_nodes:
+                nid = builder.index.get(arg)
+                if nid is not None and nid not in builder.output_ids:
+                    builder.output_ids.append(nid)
+        else:
+            builder.operation(node)
+    return builder.finish()

@@ -37,6 +37,10 @@ class InvalidCostGraph(TensorTorrentError):
     """The cost graph handed to the planner is malformed (a bug in TensorTorrent)."""
 
 
+class CostGraphFormatError(TensorTorrentError):
+    """A saved cost graph is not in a format this version reads."""
+
+
 class InvalidDevices(TensorTorrentError):
     """The device list handed to the planner is malformed."""
 

@@ -1,0 +1,150 @@
+"""Lifetimes and the live-memory curve, dynamic shapes, the JSON form, a HF model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tensortorrent_dynamo.cost_graph import CostGraph, build_cost_graph
+from tensortorrent_dynamo.errors import CostGraphFormatError
+from tensortorrent_dynamo.run import VirtualDevice
+from tests.models import TransformerBlock, mlp
+
+
+def capture_and_measure(
+    model: torch.nn.Module, x: torch.Tensor, **compile_kwargs: Any
+) -> list[tuple[CostGraph, int]]:
+    """Each graph's cost graph and the activation peak measured running it eagerly."""
+    results: list[tuple[CostGraph, int]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        cost = build_cost_graph(gm, example_inputs)
+        meter = VirtualDevice("meter", capacity=1 << 40)
+        params = {p.arg_index for p in cost.params}
+        # parameters are accounted so that views of them are not counted as activations
+        for i in params:
+            meter.adopt(example_inputs[i], "parameter")  # type: ignore[arg-type]
+        held = meter.ledger.live
+        args = [
+            meter.copy_in(a, "input") if isinstance(a, torch.Tensor) and i not in params else a
+            for i, a in enumerate(example_inputs)
+        ]
+        with meter.executing():
+            out = gm(*args)
+        del out, args
+        results.append((cost, meter.ledger.peak - held))
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=backend, **compile_kwargs)(x)
+    return results
+
+
+@pytest.mark.parametrize(
+    ("model", "x"),
+    [
+        (mlp(256, 4), torch.randn(64, 256)),
+        (TransformerBlock(64, 4), torch.randn(4, 32, 64)),
+    ],
+    ids=["mlp", "transformer_block"],
+)
+def test_live_memory_curve_matches_a_measured_run(model: torch.nn.Module, x: torch.Tensor) -> None:
+    ((cost, measured),) = capture_and_measure(model, x)
+    predicted = cost.peak_live_bytes
+    assert measured > 0
+    assert abs(predicted - measured) <= 0.2 * measured, (predicted, measured)
+
+
+def test_views_allocate_nothing_and_keep_their_base_alive() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2  # allocates
+        z = y.t()  # a view of y: y's storage must live until z's last reader
+        return z.exp() + 1
+
+    ((cost, _),) = _capture_fn(f, torch.randn(8, 8))
+    ids = {n.target: i for i, n in enumerate(cost.nodes)}
+    assert cost.nodes[ids["mul"]].alloc_bytes == 256
+    assert cost.nodes[ids["t"]].alloc_bytes == 0
+    mul_storage = next(s for s in cost.storages if s.first == ids["mul"])
+    assert mul_storage.last == ids["exp"]
+
+
+def _capture_fn(fn: Any, x: torch.Tensor) -> list[tuple[CostGraph, int]]:
+    graphs: list[tuple[CostGraph, int]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        graphs.append((build_cost_graph(gm, example_inputs), 0))
+        return gm.forward
+
+    torch.compile(fn, backend=backend)(x)
+    return graphs
+
+
+def test_dynamic_shapes_record_the_sizes_assumed() -> None:
+    model = mlp(32, 2)
+    graphs = capture_and_measure(model, torch.randn(6, 32), dynamic=True)
+    ((cost, _),) = graphs
+    assert sorted(cost.assumed_sizes.values()) == [6]
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randn(6, 32))
+    assert cost.total_flops == counter.get_total_flops()
+    assert cost.nodes[-1].out_bytes == 6 * 32 * 4
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    ((cost, _),) = capture_and_measure(TransformerBlock(32, 4), torch.randn(2, 8, 32))
+    path = tmp_path / "graph.json"
+    cost.save(path)
+    again = CostGraph.load(path)
+    assert again == cost
+    data = json.loads(path.read_text())
+    assert data["format_version"] == 1 and data["format"] == "tensortorrent-cost-graph"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d.update(format_version=99), "version 99 is not supported"),
+        (lambda d: d.pop("format"), "not a TensorTorrent cost graph"),
+        (lambda d: d.pop("nodes"), "malformed"),
+    ],
+)
+def test_json_refuses_what_it_cannot_read(tmp_path: Path, change: Any, needle: str) -> None:
+    ((cost, _),) = capture_and_measure(mlp(8, 1), torch.randn(2, 8))
+    data = cost.to_json()
+    change(data)
+    with pytest.raises(CostGraphFormatError, match=needle):
+        CostGraph.from_json(data)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(CostGraphFormatError, match="cannot read"):
+        CostGraph.load(tmp_path / "bad.json")
+
+
+def test_hf_model_from_a_config_costs_like_the_flop_counter() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 8))
+    graphs = _capture_fn(lambda t: model(t).logits, ids)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(ids)
+    assert sum(g.total_flops for g, _ in graphs) == counter.get_total_flops() > 0
+    fqns = {p.fqn for g, _ in graphs for p in g.params}
+    assert any(f.endswith("q_proj.weight") for f in fqns)
+    assert all(p.home == "cpu" for g, _ in graphs for p in g.params)
