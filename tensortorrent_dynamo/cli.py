@@ -201,6 +201,44 @@ def validate_hardware(output: Path | None, quick: bool, offload_dir: Path | None
     return 0
 
 
+def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str) -> int:
+    """Summarise a saved cost graph and plan it offline with the given budgets."""
+    from .cost_graph import CostGraph
+    from .errors import TensorTorrentError
+    from .plan import plan_graph
+    from .profile import host_profile
+    from .settings import parse_options
+    from .units import format_bytes, format_rate, format_seconds
+
+    try:
+        graph = CostGraph.load(path)
+        pairs = dict(b.split("=", 1) if "=" in b else (b, "") for b in budgets)
+        settings = parse_options(budgets=pairs, objective=objective, profile=profile)
+        print(
+            f"{path}: {len(graph.nodes)} nodes, {len(graph.params)} parameters "
+            f"({format_bytes(graph.param_bytes)}), {format_rate(graph.total_flops, 'FLOP')}, "
+            f"activation peak {format_bytes(graph.peak_live_bytes)}"
+        )
+        if graph.assumed_sizes:
+            print(f"assumed sizes: {dict(graph.assumed_sizes)}")
+        for node in graph.fallbacks:
+            print(f"host fallback: {node.name} ({node.target}): {node.fallback}")
+        plan = plan_graph(0, graph, host_profile(settings), settings, {})
+    except TensorTorrentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    predicted = format_seconds(plan.predicted_time_s)
+    print(f"plan {plan.plan_hash}: {plan.native.chosen}, predicted {predicted}")
+    for device in plan.devices:
+        print(
+            f"  {device.name:<10} budget {format_bytes(device.budget_bytes):>12}  "
+            f"predicted peak {format_bytes(plan.predicted_peak(device.name)):>12}"
+        )
+    streamed = sum(plan.native.param_streamed)
+    print(f"  {streamed} of {len(graph.params)} parameters streamed")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tensortorrent", description="Plan heterogeneous execution for PyTorch models."
@@ -219,7 +257,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where to measure the disk (default: the cache's offload dir)",
     )
     sub.add_parser("demo", help="plan, explain and run a model larger than its budget")
+    offline = sub.add_parser(
+        "cost-graph", help="summarise a saved cost graph (CostGraph.save) and plan it offline"
+    )
+    offline.add_argument("path", type=Path)
+    offline.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="DEVICE=SIZE",
+        help="a budget, e.g. virtual:0=64MiB (repeatable)",
+    )
+    offline.add_argument("--objective", default="latency")
+    offline.add_argument("--profile", default="nominal", help="'nominal', 'auto' or a path")
     args = parser.parse_args(argv)
+    if args.command == "cost-graph":
+        return cost_graph(args.path, args.budget, args.objective, args.profile)
     if args.command == "doctor":
         return doctor()
     if args.command == "validate-hardware":

@@ -105,9 +105,9 @@ def save(measurements: Measurements) -> Path:
     return path
 
 
-def age_text(created_at: float, now: float | None = None) -> str:
+def age_text(created_at: float) -> str:
     """``"3 h"``: how long ago ``created_at`` (unix time) was, in a unit a reader expects."""
-    seconds = max(0.0, (time.time() if now is None else now) - created_at)
+    seconds = max(0.0, time.time() - created_at)
     for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"

@@ -96,8 +96,12 @@ class DiskBench:
         self.block = mmap.mmap(-1, BLOCK_BYTES)
         # Random bytes, so a compressing filesystem cannot make the file smaller than it is.
         self.block.write(os.urandom(BLOCK_BYTES))
-        self.direct = self._direct_works() if direct is None else direct
         self.evicted_by = ""
+        try:
+            self.direct = self._direct_works() if direct is None else direct
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)

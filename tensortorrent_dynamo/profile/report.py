@@ -17,6 +17,8 @@ def format_value(figure: Figure) -> str:
         return format_bytes(v)
     if figure.unit == "s":
         return format_seconds(v)
+    if figure.unit == "%":
+        return f"{v:.0f}%"
     if figure.unit.endswith("/s"):
         return format_rate(v, figure.unit)
     return f"{v:.2f} {figure.unit}"
@@ -51,7 +53,7 @@ def format_report(m: Measurements) -> str:
         f"{len(fp.gpus)} CUDA device(s), torch {fp.torch_version}",
     ]
     if m.load.note:
-        head.append(f"CPU busy with other work: {format_value(m.load)}: {m.load.note}")
+        head.append(f"other work used {format_value(m.load)} of the CPUs: {m.load.note}")
     rows: list[list[str]] = [["where", "figure", "value", "note"]]
     for dev in m.devices:
         rows.append([dev.name, "memory", format_value(dev.memory), dev.description])

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 _NOMINAL = "nominal: a built-in rate, not measured"
 _NOT_NOMINAL = "the nominal profile has no figure for this"
 
-# Measured profiles that could not be cached, so that a process measures its host once.
+# Measured profiles that could not be cached, by cache path: a process measures its host once.
 _uncached: dict[str, Measurements] = {}
 
 
@@ -122,8 +122,8 @@ def auto_profile() -> HostProfile:
         return HostProfile.from_measurements(
             found.measurements, f"measured (cached {found.path}, {age} old)"
         )
-    if fingerprint.digest() in _uncached:
-        return HostProfile.from_measurements(_uncached[fingerprint.digest()], "measured now")
+    if str(found.path) in _uncached:
+        return HostProfile.from_measurements(_uncached[str(found.path)], "measured now")
     if found.suspicious:
         log.warning("%s; measuring this machine again", found.problem)
     else:
@@ -141,7 +141,7 @@ def auto_profile() -> HostProfile:
     try:
         log.info("cached the host profile at %s", cache.save(measured))
     except OSError as exc:
-        _uncached[fingerprint.digest()] = measured
+        _uncached[str(found.path)] = measured
         log.warning(
             "could not cache the host profile in %s (%s); set %s to a writable directory",
             cache.cache_dir(),

@@ -34,3 +34,28 @@ def test_public_names_all_resolve() -> None:
     assert set(tt.__all__) == set(tensortorrent_dynamo._HOME) | {"__version__"}
     for name in tt.__all__:
         assert getattr(tt, name) is getattr(tensortorrent_dynamo, name)
+
+
+def test_cost_graph_plans_offline(tmp_path: object) -> None:
+    import pathlib
+
+    import torch
+
+    import tensortorrent as tt
+    from tests.models import mlp
+
+    path = pathlib.Path(str(tmp_path)) / "graph.json"
+    tt.export_cost_graphs(mlp(64, 4), (torch.randn(2, 64),))[0].save(path)
+    args = [sys.executable, "-m", "tensortorrent_dynamo.cli", "cost-graph", str(path)]
+    ok = subprocess.run(
+        [*args, "--budget", "virtual:0=40KiB", "--budget", "cpu=1GiB"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "9 nodes, 8 parameters" in ok.stdout
+    assert "virtual:0" in ok.stdout and "predicted" in ok.stdout
+    bad = subprocess.run([*args, "--budget", "virtual:0=lots"], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "cannot parse 'lots'" in bad.stderr

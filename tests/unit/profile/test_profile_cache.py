@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tensortorrent_dynamo.profile import cache, resolve
+from tensortorrent_dynamo.profile import NOMINAL_CPU_FLOPS, cache, resolve
+from tensortorrent_dynamo.profile.detect import current_fingerprint, detect_cuda_devices
 from tensortorrent_dynamo.profile.schema import Fingerprint, Measurements
 from tensortorrent_dynamo.settings import parse_options
 
@@ -80,7 +81,7 @@ def test_other_hardware_is_measured_again(
     measure_calls: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     resolve.host_profile(AUTO)
-    monkeypatch.setattr(resolve, "current_fingerprint", _other(resolve.current_fingerprint()))
+    monkeypatch.setattr(resolve, "current_fingerprint", _other(current_fingerprint()))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
@@ -92,7 +93,7 @@ def test_cache_file_with_a_foreign_fingerprint_is_not_used(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     resolve.host_profile(AUTO)
-    path = cache.profile_path(resolve.current_fingerprint())
+    path = cache.profile_path(current_fingerprint())
     data = json.loads(path.read_text())
     data["fingerprint"]["cpu_cores"] += 64
     path.write_text(json.dumps(data))
@@ -110,7 +111,7 @@ def test_cache_file_with_a_foreign_fingerprint_is_not_used(
 def test_corrupt_cache_is_measured_again(
     garbage: str, measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = cache.profile_path(resolve.current_fingerprint())
+    path = cache.profile_path(current_fingerprint())
     path.parent.mkdir(parents=True)
     path.write_text(garbage)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -142,7 +143,7 @@ def test_nominal_never_measures(measure_calls: list[str]) -> None:
     profile = resolve.host_profile(parse_options({"profile": "nominal"}))
     assert measure_calls == []
     assert profile.source == "nominal"
-    assert profile.device("cpu").flops_per_s == resolve.NOMINAL_CPU_FLOPS
+    assert profile.device("cpu").flops_per_s == NOMINAL_CPU_FLOPS
 
 
 def test_virtual_devices_follow_host_and_cuda_in_index_order(measure_calls: list[str]) -> None:
@@ -150,6 +151,6 @@ def test_virtual_devices_follow_host_and_cuda_in_index_order(measure_calls: list
         {"profile": "auto", "budgets": {"virtual:10": "1MiB", "virtual:2": "2MiB"}}
     )
     names = [d.name for d in resolve.host_profile(settings).devices]
-    cuda = resolve.detect_cuda_devices()
+    cuda = detect_cuda_devices()
     assert names == ["cpu", *cuda, "virtual:2", "virtual:10"]
     assert resolve.host_profile(settings).device("virtual:2").memory_bytes == 2 * 1024**2
