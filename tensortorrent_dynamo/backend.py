@@ -61,6 +61,7 @@ class CompiledGraph:
                 stacklevel=2,
             )
         self.calls += 1
+        self.runtime.recorder.restart()
         with torch.no_grad():
             return self.module(*args)
 

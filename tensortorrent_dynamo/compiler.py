@@ -52,5 +52,6 @@ def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings)
             fn = _inductor(sub, name, settings.strict)
         used[name] = "inductor" if fn is not None else "eager"
         log.debug("segment %s on %s: %s", name, device, used[name])
-        setattr(parent, name, Segment(fn or sub, device, virtual, used[name]))
+        segment = Segment(fn or sub, name, device, virtual, used[name], runtime.recorder)
+        setattr(parent, name, segment)
     return used

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,6 +59,39 @@ class MemoryLedger:
     def reset_peak(self) -> None:
         with self._lock:
             self.peak = self.live
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredEvent:
+    """One span of the last run: which resource did what, in seconds from the call start."""
+
+    resource: str
+    kind: str
+    label: str
+    start_s: float
+    end_s: float
+
+
+class Recorder:
+    """Measured spans of the latest call (compute per device, copies per link)."""
+
+    def __init__(self) -> None:
+        self.events: list[MeasuredEvent] = []
+        self._origin = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def restart(self) -> None:
+        with self._lock:
+            self.events = []
+            self._origin = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def add(self, resource: str, kind: str, label: str, start_s: float) -> None:
+        event = MeasuredEvent(resource, kind, label, start_s, self.now())
+        with self._lock:
+            self.events.append(event)
 
 
 class VirtualDevice:
@@ -111,10 +145,16 @@ class VirtualDevice:
         self.adopt(buffer, what)
         return buffer.copy_(tensor)
 
-    def copy_in_async(self, tensor: torch.Tensor, what: str) -> PrefetchHandle:
+    def copy_in_async(self, tensor: torch.Tensor, what: str, recorder: Recorder) -> PrefetchHandle:
         buffer = torch.empty_like(tensor, device="cpu", memory_format=torch.preserve_format)
         self.adopt(buffer, what)
-        future = self._copy_engine.submit(buffer.copy_, tensor)
+
+        def copy() -> None:
+            start = recorder.now()
+            buffer.copy_(tensor)
+            recorder.add(f"h2d {self.name}", "prefetch", what, start)
+
+        future = self._copy_engine.submit(copy)
         return PrefetchHandle(buffer=buffer, done=future.result)
 
     @contextmanager
@@ -159,6 +199,7 @@ class Runtime(torch.nn.Module):
         self.virtual = virtual
         self._resident: dict[str, tuple[torch.Tensor, int]] = {}
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
+        self.recorder = Recorder()
 
     def owner(self, tensor: torch.Tensor) -> str:
         """The device ``tensor`` is held by (a virtual device, or its torch device)."""
@@ -168,6 +209,13 @@ class Runtime(torch.nn.Module):
         return "cpu" if tensor.device.type == "cpu" else str(tensor.device)
 
     def move(self, tensor: torch.Tensor, device: str, what: str) -> torch.Tensor:
+        start = self.recorder.now()
+        source = self.owner(tensor)
+        moved = self._move(tensor, device, what)
+        self.recorder.add(f"copy {source}->{device}", "transfer", what, start)
+        return moved
+
+    def _move(self, tensor: torch.Tensor, device: str, what: str) -> torch.Tensor:
         if device in self.virtual:
             source = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
             return self.virtual[device].copy_in(source, what)
@@ -197,7 +245,7 @@ class Runtime(torch.nn.Module):
 
     def prefetch(self, param: torch.Tensor, device: str, what: str) -> PrefetchHandle:
         if device in self.virtual:
-            return self.virtual[device].copy_in_async(param.detach(), what)
+            return self.virtual[device].copy_in_async(param.detach(), what, self.recorder)
         stream = self._cuda_copy_streams.get(device)
         if stream is None:
             stream = self._cuda_copy_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -254,16 +302,28 @@ class Segment(torch.nn.Module):
     """One device's compiled subgraph, run inside that device's accounting."""
 
     def __init__(
-        self, fn: Callable[..., Any], device: str, virtual: VirtualDevice | None, compiler: str
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        device: str,
+        virtual: VirtualDevice | None,
+        compiler: str,
+        recorder: Recorder,
     ) -> None:
         super().__init__()
         self.fn = fn
+        self.name = name
         self.device = device
         self.virtual = virtual
         self.compiler = compiler
+        self.recorder = recorder
 
     def forward(self, *args: Any) -> Any:
+        start = self.recorder.now()
         if self.virtual is None:
-            return self.fn(*args)
-        with self.virtual.executing():
-            return self.fn(*args)
+            out = self.fn(*args)
+        else:
+            with self.virtual.executing():
+                out = self.fn(*args)
+        self.recorder.add(f"compute {self.device}", "segment", self.name, start)
+        return out

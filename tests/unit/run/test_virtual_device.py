@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import VirtualDeviceOutOfMemory
-from tensortorrent_dynamo.run import VirtualDevice
+from tensortorrent_dynamo.run import Recorder, VirtualDevice
 
 
 def test_ledger_follows_tensor_lifetimes() -> None:
@@ -35,10 +35,14 @@ def test_copies_are_real_and_owned() -> None:
     assert copy.data_ptr() != src.data_ptr()
     assert dev.owns(copy) and not dev.owns(src)
     torch.testing.assert_close(copy, src)
-    handle = dev.copy_in_async(src, "y")
+    recorder = Recorder()
+    handle = dev.copy_in_async(src, "y", recorder)
     handle.done()
     assert handle.buffer is not None
     torch.testing.assert_close(handle.buffer, src)
+    (event,) = recorder.events
+    assert (event.resource, event.label) == ("h2d virtual:0", "y")
+    assert 0 <= event.start_s <= event.end_s
 
 
 def test_outputs_of_ops_are_accounted_while_executing() -> None:
