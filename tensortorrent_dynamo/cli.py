@@ -212,7 +212,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
 
     try:
         graph = CostGraph.load(path)
-        pairs = dict(b.split("=", 1) if "=" in b else (b, "") for b in budgets)
+        pairs = {b.partition("=")[0]: b.partition("=")[2] for b in budgets}
         settings = parse_options(budgets=pairs, objective=objective, profile=profile)
         print(
             f"{path}: {len(graph.nodes)} nodes, {len(graph.params)} parameters "

@@ -302,7 +302,7 @@ def _leaves(value: object) -> list[torch.Tensor]:
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
-    return int(StorageWeakRef(tensor.untyped_storage()).cdata)
+    return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
 
 
 def _storage_bytes(tensor: torch.Tensor) -> int:
@@ -316,10 +316,10 @@ def _assumed_sizes(gm: torch.fx.GraphModule) -> dict[str, int]:
         if node.op != "placeholder":
             continue
         value = _example(node)
-        dims = [value] if isinstance(value, torch.SymInt) else []
-        if isinstance(value, torch.Tensor):
-            dims = [d for d in value.shape if isinstance(d, torch.SymInt)]
+        dims = value.shape if isinstance(value, torch.Tensor) else [value]
         for dim in dims:
+            if not isinstance(dim, torch.SymInt):
+                continue
             expr = dim.node.expr
             if getattr(expr, "is_Symbol", False):
                 sizes[str(expr)] = _hint(dim)
