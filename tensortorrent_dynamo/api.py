@@ -43,6 +43,25 @@ class CompiledModule(torch.nn.Module):
     def explain(self) -> str:
         return explain(self.graphs)
 
+    def to_device_map(self) -> dict[str, int | str]:
+        """An Accelerate-style ``device_map`` (module name -> device) of the plans.
+
+        A module maps to a device when all its parameters are resident there, to
+        ``"cpu"`` when they stay in host RAM (streamed or run on the host). CUDA
+        devices are given as indices, as Accelerate expects.
+        """
+        placement: dict[str, str] = {}
+        for graph in self.graphs:
+            placement.update(graph.plan.param_placement())
+        by_module: dict[str, set[str]] = {}
+        for fqn, device in placement.items():
+            by_module.setdefault(fqn.rpartition(".")[0], set()).add(device)
+        device_map: dict[str, int | str] = {}
+        for module, devices in sorted(by_module.items()):
+            device = devices.pop() if len(devices) == 1 else "cpu"
+            device_map[module] = int(device[5:]) if device.startswith("cuda:") else device
+        return device_map
+
     def plan_hashes(self) -> list[str]:
         return [g.plan.plan_hash for g in self.graphs]
 

@@ -65,6 +65,14 @@ class GraphPlan:
     def is_streamed(self, param_id: int) -> bool:
         return self.native.param_streamed[param_id]
 
+    def param_placement(self) -> dict[str, str]:
+        """Where each parameter lives during a run, Accelerate's way: its device when
+        resident there, ``"cpu"`` when it stays in host RAM (used there or streamed)."""
+        return {
+            p.fqn: "cpu" if self.is_streamed(i) else self.param_device(i)
+            for i, p in enumerate(self.cost.params)
+        }
+
     def predicted_peak(self, device: str) -> int:
         for i, dev in enumerate(self.devices):
             if dev.name == device:

@@ -154,3 +154,15 @@ def test_grad_enabled_call_warns_and_still_matches() -> None:
     with pytest.warns(tt.TensorTorrentWarning, match="inference only"):
         out = compiled(x)
     torch.testing.assert_close(out, model(x).detach())
+
+
+def test_device_map_in_accelerate_form() -> None:
+    compiled, _, _ = _run("mlp", MODELS["mlp"][2])
+    device_map = compiled.to_device_map()
+    assert set(device_map) == {"0", "2", "4", "6", "8", "10"}
+    (graph,) = compiled.graphs
+    for pid, param in enumerate(graph.plan.cost.params):
+        module = param.fqn.rpartition(".")[0]
+        if graph.plan.is_streamed(pid):
+            assert device_map[module] == "cpu"
+    assert set(device_map.values()) <= {"cpu", "virtual:0"}
