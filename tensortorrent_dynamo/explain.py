@@ -102,6 +102,9 @@ def explain_graph(graph: CompiledGraph) -> str:
     if fallbacks:
         lines.append("  on the CPU because they cannot be placed elsewhere:")
         lines += [f"    {n.name} ({n.target}): {n.fallback}" for n in fallbacks]
+    if cost.assumed_sizes:
+        sizes = ", ".join(f"{k}={v}" for k, v in sorted(cost.assumed_sizes.items()))
+        lines.append(f"  dynamic sizes planned for: {sizes}")
     lines.append(f"  predicted time: {format_seconds(plan.predicted_time_s)}")
     return "\n".join(lines)
 

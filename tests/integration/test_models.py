@@ -166,3 +166,17 @@ def test_device_map_in_accelerate_form() -> None:
         if graph.plan.is_streamed(pid):
             assert device_map[module] == "cpu"
     assert set(device_map.values()) <= {"cpu", "virtual:0"}
+
+
+def test_dynamic_shapes_plan_states_the_sizes_it_assumed() -> None:
+    model = mlp(64, 3)
+    compiled = torch.compile(model, backend="tensortorrent", options=_options("1MiB"), dynamic=True)
+    with torch.no_grad():
+        for batch in (5, 7):
+            x = torch.randn(batch, 64)
+            torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = tt.tensortorrent_backend.graphs  # one dynamic graph serves both sizes
+    assert list(graph.plan.cost.assumed_sizes.values()) == [5]
+    from tensortorrent_dynamo.explain import explain_graph
+
+    assert "dynamic sizes planned for: s" in explain_graph(graph)
