@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side ratios measured in one run, written to bench/results/*.json."""

@@ -1,0 +1,44 @@
+"""What every bench shares: timing by medians, the machine's description, JSON output."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine() -> dict[str, Any]:
+    """Torch version, CPU model, cores and the fingerprint the host profile is cached under."""
+    from tensortorrent_dynamo.profile.detect import current_fingerprint
+
+    return {
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "fingerprint": current_fingerprint().to_dict(),
+    }
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"bench": name, "machine": machine(), **payload}, indent=1))
+    return path
