@@ -13,14 +13,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import CompiledModule, compile, export_cost_graphs
+    from .api import CompiledModule, compile, export_cost_graphs, load
     from .backend import TensorTorrentBackend, tensortorrent_backend
     from .cost_graph import CostGraph
     from .errors import (
         BudgetParseError,
         NativePlannerUnavailable,
         OptionsError,
+        PlanFormatError,
         PlanInfeasible,
+        StalePlanError,
         TensorTorrentError,
         TensorTorrentWarning,
         UnsupportedNodeError,
@@ -35,6 +37,9 @@ _HOME = {
     "CompiledModule": "api",
     "compile": "api",
     "export_cost_graphs": "api",
+    "load": "api",
+    "PlanFormatError": "errors",
+    "StalePlanError": "errors",
     "CostGraph": "cost_graph",
     "TensorTorrentBackend": "backend",
     "tensortorrent_backend": "backend",
@@ -58,8 +63,10 @@ __all__ = [
     "CostGraph",
     "NativePlannerUnavailable",
     "OptionsError",
+    "PlanFormatError",
     "PlanInfeasible",
     "Settings",
+    "StalePlanError",
     "TensorTorrentBackend",
     "TensorTorrentError",
     "TensorTorrentWarning",
@@ -69,6 +76,7 @@ __all__ = [
     "__version__",
     "compile",
     "export_cost_graphs",
+    "load",
     "parse_bytes",
     "parse_options",
     "tensortorrent_backend",

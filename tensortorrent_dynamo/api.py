@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from . import saved_plan
 from .backend import CompiledGraph, TensorTorrentBackend
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import TensorTorrentError
@@ -62,6 +64,10 @@ class CompiledModule(torch.nn.Module):
             device_map[module] = int(device[5:]) if device.startswith("cuda:") else device
         return device_map
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plans of every compiled graph to ``path`` (JSON; see ``tt.load``)."""
+        saved_plan.save(path, self.graphs, self.explain())
+
     def plan_hashes(self) -> list[str]:
         return [g.plan.plan_hash for g in self.graphs]
 
@@ -90,6 +96,22 @@ def compile(
         with torch.no_grad():
             compiled(*example_inputs)
     return compiled
+
+
+def load(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any] | None = None,
+    replan: str = "error",
+) -> CompiledModule:
+    """Compile ``model`` with the plans saved at ``path`` (by ``CompiledModule.save``).
+
+    Each graph must be the one the plan was saved for, on the same hardware and
+    profile: otherwise ``StalePlanError`` says what changed, or, with
+    ``replan="auto"``, the graph is planned again with a warning saying why.
+    """
+    saved = saved_plan.load(path)
+    return compile(model, example_inputs, **saved.options, plan=str(path), replan=replan)
 
 
 def export_cost_graphs(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[CostGraph]:

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import saved_plan
 from ._logs import PLAN_ARTIFACT, register
 from .compiler import compile_segments
 from .cost_graph import CostGraph, build_cost_graph
-from .errors import OptionsError, TensorTorrentWarning, UnsupportedNodeError
+from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
 from .rewrite import rewrite
@@ -116,6 +117,7 @@ class TensorTorrentBackend:
     def __init__(self, default_options: Mapping[str, Any] | None = None) -> None:
         self.default_options: dict[str, Any] = dict(default_options or {})
         self.sessions: dict[str, Session] = {}
+        self.saved_plans: dict[str, saved_plan.SavedPlan] = {}
 
     @property
     def graphs(self) -> list[CompiledGraph]:
@@ -124,6 +126,7 @@ class TensorTorrentBackend:
     def reset(self) -> None:
         """Drop every plan, resident copy and ledger (``torch._dynamo.reset()`` calls this)."""
         self.sessions.clear()
+        self.saved_plans.clear()
 
     def _session(self, settings: Settings) -> Session:
         key = settings.fingerprint()
@@ -134,6 +137,32 @@ class TensorTorrentBackend:
             }
             self.sessions[key] = Session(settings=settings, virtual=virtual)
         return self.sessions[key]
+
+    def _check_saved(
+        self, settings: Settings, cost: CostGraph, profile: HostProfile, plan: GraphPlan
+    ) -> None:
+        """Refuse (or, with ``replan="auto"``, warn about) a saved plan that no longer holds."""
+        assert settings.plan is not None
+        saved = self.saved_plans.get(settings.plan)
+        if saved is None:
+            saved = self.saved_plans[settings.plan] = saved_plan.load(settings.plan)
+        try:
+            record = saved.check(cost, profile)
+            if record["plan_hash"] != plan.plan_hash:
+                raise StalePlanError(
+                    f"{saved.path}: planning this graph again gives plan {plan.plan_hash}, "
+                    f"the file has {record['plan_hash']} (the settings or the planner changed)"
+                )
+        except StalePlanError as exc:
+            if settings.replan == "error":
+                raise
+            warnings.warn(
+                f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=3
+            )
+            return
+        log.info(
+            "graph %d: plan %s reproduced from %s", plan.graph_index, plan.plan_hash, saved.path
+        )
 
     def __call__(
         self,
@@ -154,6 +183,8 @@ class TensorTorrentBackend:
         cost = build_cost_graph(gm, example_inputs)
         _check_fallbacks(cost, settings.strict)
         plan = plan_graph(len(session.graphs), cost, profile, settings, session.resident_bytes())
+        if settings.plan is not None:
+            self._check_saved(settings, cost, profile, plan)
         runtime = Runtime(session.virtual)
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)

@@ -239,6 +239,21 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
     return 0
 
 
+def explain_saved(path: Path) -> int:
+    """Print the report a saved plan was written with."""
+    from .errors import PlanFormatError
+    from .saved_plan import load
+
+    try:
+        saved = load(path)
+    except PlanFormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(saved.explain)
+    print(f"\nsaved with torch {saved.torch_version} on {saved.hardware['cpu_model']}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tensortorrent", description="Plan heterogeneous execution for PyTorch models."
@@ -270,7 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     offline.add_argument("--objective", default="latency")
     offline.add_argument("--profile", default="nominal", help="'nominal', 'auto' or a path")
+    explain = sub.add_parser("explain", help="print the plan table of a saved plan")
+    explain.add_argument("path", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "explain":
+        return explain_saved(args.path)
     if args.command == "cost-graph":
         return cost_graph(args.path, args.budget, args.objective, args.profile)
     if args.command == "doctor":

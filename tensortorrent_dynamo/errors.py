@@ -41,6 +41,14 @@ class CostGraphFormatError(TensorTorrentError):
     """A saved cost graph is not in a format this version reads."""
 
 
+class PlanFormatError(TensorTorrentError):
+    """A plan file cannot be read: another format, an unknown version, or damaged."""
+
+
+class StalePlanError(TensorTorrentError):
+    """A saved plan no longer applies: the graph, the hardware or the profile changed."""
+
+
 class InvalidDevices(TensorTorrentError):
     """The device list handed to the planner is malformed."""
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from .errors import OptionsError
@@ -17,6 +18,7 @@ from .units import parse_bytes, parse_rate
 
 Objective = Literal["latency", "memory", "throughput"]
 Compiler = Literal["inductor", "eager"]
+Replan = Literal["error", "auto"]
 ProfileChoice = Literal["auto", "nominal"]
 PROFILE_ENV = "TENSORTORRENT_PROFILE"
 
@@ -76,6 +78,10 @@ class Settings:
             a few seconds), ``"nominal"`` (built-in rates) or the path of a profile JSON
             written by ``tensortorrent validate-hardware --output``. The default is
             ``"auto"``, or the value of the environment variable ``TENSORTORRENT_PROFILE``.
+        plan: path of a saved plan (``CompiledModule.save``) to reproduce instead of
+            searching; each graph must match the graph and hardware it was saved for.
+        replan: what a saved plan that no longer matches does: ``"error"`` refuses it,
+            ``"auto"`` plans again and warns why.
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -85,10 +91,33 @@ class Settings:
     strict: bool = False
     virtual_devices: Mapping[str, VirtualDeviceSpec] = dataclasses.field(default_factory=dict)
     profile: str = dataclasses.field(default_factory=default_profile)
+    plan: str | None = None
+    replan: Replan = "error"
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+
+    def to_options(self) -> dict[str, Any]:
+        """Options that :func:`parse_options` turns back into these settings (less the
+        saved-plan keys), for writing into a saved plan."""
+        return {
+            "budgets": dict(self.budgets),
+            "objective": self.objective,
+            "compiler": self.compiler,
+            "devices": list(self.devices) if self.devices is not None else None,
+            "strict": self.strict,
+            "virtual_devices": {
+                name: {
+                    "capacity": spec.capacity_bytes,
+                    "flops": spec.flops_per_s,
+                    "bandwidth": spec.link_bytes_per_s,
+                    "latency": spec.latency_s,
+                }
+                for name, spec in self.virtual_devices.items()
+            },
+            "profile": self.profile,
+        }
 
 
 OPTION_HELP: dict[str, str] = {
@@ -98,6 +127,8 @@ OPTION_HELP: dict[str, str] = {
     "devices": f"list of compute devices, each {DEVICE_FORMS}",
     "strict": "bool: error instead of CPU fallback for nodes that cannot be placed",
     "virtual_devices": "dict 'virtual:N' -> {" + ", ".join(_VIRTUAL_KEYS) + "}",
+    "plan": "path of a saved plan to reproduce (CompiledModule.save)",
+    "replan": "when a saved plan no longer matches: 'error' (default) or 'auto'",
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
         f"default 'auto' or ${PROFILE_ENV}"
@@ -220,7 +251,13 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
     if not isinstance(strict, bool):
         raise OptionsError(f"option 'strict': expected True or False, got {strict!r}")
 
+    plan = merged.get("plan")
+    if plan is not None and not Path(str(plan)).is_file():
+        raise OptionsError(f"option 'plan': no saved plan at {plan!r}")
+
     return Settings(
+        plan=str(Path(str(plan)).resolve()) if plan is not None else None,
+        replan=cast(Replan, _choice(merged.get("replan", "error"), "replan", get_args(Replan))),
         budgets=budgets,
         objective=cast(
             Objective, _choice(merged.get("objective", "latency"), "objective", get_args(Objective))

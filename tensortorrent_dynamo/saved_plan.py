@@ -1,0 +1,172 @@
+"""Plans as files: what a saved plan holds, and the check that it still applies.
+
+A saved plan records, per graph, the graph's hash (of its cost graph), the plan
+hash, the decisions (placement, residency, the prefetch/evict schedule), the
+prediction; and, once, the format version, the
+torch and TensorTorrent versions, the hardware fingerprint, a hash of the
+profile's figures and the settings. The planner is deterministic, so reloading
+reproduces a plan by planning again with the saved settings and checking that
+the same plan hash comes out; anything that changed is named. The text of
+``explain()`` is kept as it read when saved, so ``tensortorrent explain
+plan.json`` prints it without the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .cost_graph import CostGraph
+from .errors import PlanFormatError, StalePlanError
+from .profile import HostProfile
+from .profile.detect import current_fingerprint
+
+if TYPE_CHECKING:
+    from .backend import CompiledGraph
+
+PLAN_FORMAT = "tensortorrent-plan"
+PLAN_FORMAT_VERSION = 1
+
+
+def graph_hash(cost: CostGraph) -> str:
+    """A hash of what the planner sees of a graph (not of the torch version that traced it)."""
+    data = cost.to_json()
+    data.pop("torch_version")
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_hash(profile: HostProfile) -> str:
+    """A hash of the figures the planner reads from a profile."""
+    figures = [dataclasses.asdict(d) for d in profile.devices]
+    for figure in figures:
+        figure.pop("memory_bytes", None)  # free RAM moves from run to run; budgets are saved
+    text = json.dumps(figures, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def graph_record(graph: CompiledGraph) -> dict[str, Any]:
+    """Everything saved about one compiled graph."""
+    plan = graph.plan
+    cost = plan.cost
+    native = plan.native
+    return {
+        "graph_hash": graph_hash(cost),
+        "plan_hash": plan.plan_hash,
+        "chosen": native.chosen,
+        "predicted_time_s": plan.predicted_time_s,
+        "devices": [{"name": d.name, "budget_bytes": d.budget_bytes} for d in plan.devices],
+        "placement": {n.name: plan.node_device(i) for i, n in enumerate(cost.nodes)},
+        "residency": {
+            p.fqn: {
+                "device": plan.param_device(i),
+                "streamed": plan.is_streamed(i),
+                "prefetch_segment": native.param_prefetch_segment[i],
+                "evict_segment": native.param_evict_segment[i],
+            }
+            for i, p in enumerate(cost.params)
+        },
+        "segments": [plan.segment_device(s) for s in range(len(native.segment_device))],
+        "predicted_peak_bytes": {d.name: plan.predicted_peak(d.name) for d in plan.devices},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedPlan:
+    """A plan file, read and checked for format."""
+
+    path: str
+    options: dict[str, Any]
+    hardware: dict[str, Any]
+    profile_hash: str
+    torch_version: str
+    graphs: tuple[dict[str, Any], ...]
+    explain: str
+
+    def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
+        wanted = graph_hash(cost)
+        return next((g for g in self.graphs if g["graph_hash"] == wanted), None)
+
+    def check(self, cost: CostGraph, profile: HostProfile) -> dict[str, Any]:
+        """The saved record of this graph; raises :class:`StalePlanError` saying what changed."""
+        record = self.record_for(cost)
+        if record is None:
+            known = ", ".join(g["graph_hash"] for g in self.graphs)
+            raise StalePlanError(
+                f"{self.path} has no plan for this graph (hash {graph_hash(cost)}; the file has "
+                f"{known}): the model or its inputs changed since the plan was saved"
+            )
+        hardware = current_fingerprint().to_dict()
+        if hardware != self.hardware:
+            changed = sorted(k for k in hardware if hardware.get(k) != self.hardware.get(k))
+            raise StalePlanError(
+                f"{self.path} was saved on other hardware (differs in: {', '.join(changed)})"
+            )
+        if profile_hash(profile) != self.profile_hash:
+            raise StalePlanError(
+                f"{self.path} was planned with other device rates (profile "
+                f"{self.profile_hash}, now {profile_hash(profile)}): re-measured or edited"
+            )
+        return record
+
+
+def save(path: str | os.PathLike[str], graphs: Sequence[CompiledGraph], explain: str) -> None:
+    """Write the plans of ``graphs`` to ``path`` (atomically: a temp file, then a rename)."""
+    if not graphs:
+        raise PlanFormatError("nothing to save: no graph has been compiled yet")
+    first = graphs[0]
+    data = {
+        "format": PLAN_FORMAT,
+        "format_version": PLAN_FORMAT_VERSION,
+        "torch_version": torch.__version__,
+        "tensortorrent_version": _version(),
+        "hardware": current_fingerprint().to_dict(),
+        "profile_hash": profile_hash(first.profile),
+        "options": first.settings.to_options(),
+        "explain": explain,
+        "graphs": [graph_record(g) for g in graphs],
+    }
+    target = Path(path)
+    temp = target.with_name(target.name + ".tmp")
+    temp.write_text(json.dumps(data, indent=1))
+    temp.replace(target)
+
+
+def load(path: str | os.PathLike[str]) -> SavedPlan:
+    """Read a plan file; refuses other formats and unknown versions, naming the version."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlanFormatError(f"cannot read a plan from {path}: {exc}") from exc
+    if not isinstance(data, Mapping) or data.get("format") != PLAN_FORMAT:
+        raise PlanFormatError(f"{path} is not a TensorTorrent plan (no 'format' field)")
+    version = data.get("format_version")
+    if version != PLAN_FORMAT_VERSION:
+        raise PlanFormatError(
+            f"{path} has plan format version {version!r}; this TensorTorrent reads version "
+            f"{PLAN_FORMAT_VERSION}"
+        )
+    try:
+        return SavedPlan(
+            path=str(path),
+            options=dict(data["options"]),
+            hardware=dict(data["hardware"]),
+            profile_hash=str(data["profile_hash"]),
+            torch_version=str(data["torch_version"]),
+            graphs=tuple(data["graphs"]),
+            explain=str(data["explain"]),
+        )
+    except (KeyError, TypeError) as exc:
+        raise PlanFormatError(f"malformed plan file {path}: {exc!r}") from exc
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

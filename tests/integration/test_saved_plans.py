@@ -1,0 +1,107 @@
+"""Plans saved, reloaded in a fresh process, refused or re-planned when stale."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import tensortorrent as tt
+from tests.models import TwoBreaks, mlp
+
+OPTIONS = {
+    "budgets": {"virtual:0": "48KiB", "cpu": "1GiB"},
+    "virtual_devices": {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
+    "compiler": "eager",
+}
+
+FRESH = textwrap.dedent(
+    """
+    import json, sys, torch
+    import tensortorrent as tt
+    from tests.models import TwoBreaks
+    model, x = TwoBreaks(64, depth=4), torch.ones(4, 64)
+    compiled = tt.load(sys.argv[1], model, example_inputs=(x,))
+    with torch.no_grad():
+        out = compiled(x)
+    print(json.dumps({"hashes": compiled.plan_hashes(), "out": out.sum().item()}))
+    """
+)
+
+
+def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
+    model, x = TwoBreaks(64, depth=4), torch.ones(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **OPTIONS)
+    path = tmp_path / "plan.json"
+    compiled.save(path)
+    data = json.loads(path.read_text())
+    assert data["format_version"] == 1 and len(data["graphs"]) == 3
+    assert {"placement", "residency", "segments", "graph_hash"} <= set(data["graphs"][0])
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    reloaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reloaded["hashes"] == compiled.plan_hashes()
+    with torch.no_grad():
+        assert reloaded["out"] == pytest.approx(compiled(x).sum().item(), rel=1e-6)
+
+
+def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    tt.compile(mlp(64, 4), example_inputs=(torch.randn(4, 64),), **OPTIONS).save(path)
+    torch._dynamo.reset()
+    other, x = mlp(64, 5), torch.randn(4, 64)  # one more layer: another graph
+    with pytest.raises(tt.StalePlanError, match="no plan for this graph"):
+        tt.load(path, other, example_inputs=(x,))
+    torch._dynamo.reset()
+    with pytest.warns(tt.TensorTorrentWarning, match="planned again"):
+        compiled = tt.load(path, other, example_inputs=(x,), replan="auto")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), other(x))
+
+
+def test_other_hardware_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    model, x = mlp(64, 4), torch.randn(4, 64)
+    tt.compile(model, example_inputs=(x,), **OPTIONS).save(path)
+    data = json.loads(path.read_text())
+    data["hardware"]["cpu_cores"] += 64
+    path.write_text(json.dumps(data))
+    torch._dynamo.reset()
+    with pytest.raises(tt.StalePlanError, match=r"other hardware.*cpu_cores"):
+        tt.load(path, model, example_inputs=(x,))
+
+
+def test_unknown_format_version_is_refused_with_the_version(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    model, x = mlp(64, 2), torch.randn(4, 64)
+    tt.compile(model, example_inputs=(x,), **OPTIONS).save(path)
+    data = json.loads(path.read_text())
+    data["format_version"] = 7
+    path.write_text(json.dumps(data))
+    with pytest.raises(tt.PlanFormatError, match="version 7"):
+        tt.load(path, model)
+
+
+def test_explain_command_prints_the_saved_table(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    compiled = tt.compile(mlp(64, 4), example_inputs=(torch.randn(4, 64),), **OPTIONS)
+    compiled.save(path)
+    result = subprocess.run(
+        [sys.executable, "-m", "tensortorrent_dynamo.cli", "explain", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert compiled.explain() in result.stdout
