@@ -45,6 +45,7 @@ class CompiledGraph:
     settings: Settings
     profile: HostProfile
     calls: int = 0
+    last_call_s: float | None = None
     _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
@@ -64,7 +65,9 @@ class CompiledGraph:
         self.calls += 1
         self.runtime.recorder.restart()
         with torch.no_grad():
-            return self.module(*args)
+            out = self.module(*args)
+        self.last_call_s = self.runtime.recorder.now()
+        return out
 
 
 @dataclasses.dataclass

@@ -69,13 +69,24 @@ def explain_graph(graph: CompiledGraph) -> str:
     seg_nodes: dict[int, list[int]] = {}
     for nid, seg in enumerate(native.node_segment):
         seg_nodes.setdefault(seg, []).append(nid)
+    measured: dict[str, float] = {}
+    for event in graph.runtime.recorder.events:
+        if event.kind == "segment":
+            measured[event.label] = measured.get(event.label, 0.0) + event.end_s - event.start_s
     rows = []
     for name, device in graph.compilers_by_device():
         seg = int(name.removeprefix("submod_"))
         nodes = [n for n in seg_nodes.get(seg, []) if not cost.nodes[n].is_graph_input]
-        used = {p for p, ref in enumerate(cost.params) if set(ref.users) & set(nodes)}
+        members = set(nodes)
+        used = {p for p, ref in enumerate(cost.params) if set(ref.users) & members}
         resident = sum(cost.params[p].nbytes for p in used if not plan.is_streamed(p))
         streamed = sum(cost.params[p].nbytes for p in used if plan.is_streamed(p))
+        moved_in = {
+            i
+            for n in nodes
+            for i in cost.nodes[n].inputs
+            if i not in members and plan.node_device(i) != device
+        }
         rows.append(
             [
                 name,
@@ -85,9 +96,21 @@ def explain_graph(graph: CompiledGraph) -> str:
                 _flops(sum(cost.nodes[n].flops for n in nodes)),
                 format_bytes(resident),
                 format_bytes(streamed),
+                format_bytes(sum(cost.nodes[i].out_bytes for i in moved_in)),
+                format_seconds(measured[name]) if name in measured else "-",
             ]
         )
-    header = ["segment", "device", "compiler", "nodes", "FLOPs", "params resident", "streamed"]
+    header = [
+        "segment",
+        "device",
+        "compiler",
+        "nodes",
+        "FLOPs",
+        "params resident",
+        "streamed",
+        "copied in",
+        "measured",
+    ]
     lines += _table(header, rows)
     streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
     if streamed_names:
@@ -105,7 +128,10 @@ def explain_graph(graph: CompiledGraph) -> str:
     if cost.assumed_sizes:
         sizes = ", ".join(f"{k}={v}" for k, v in sorted(cost.assumed_sizes.items()))
         lines.append(f"  dynamic sizes planned for: {sizes}")
-    lines.append(f"  predicted time: {format_seconds(plan.predicted_time_s)}")
+    timing = f"  predicted time: {format_seconds(plan.predicted_time_s)}"
+    if graph.last_call_s is not None:
+        timing += f", measured (last call): {format_seconds(graph.last_call_s)}"
+    lines.append(timing)
     return "\n".join(lines)
 
 
