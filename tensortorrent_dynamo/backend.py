@@ -10,6 +10,7 @@ earlier graphs keep resident.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -77,6 +78,8 @@ class Session:
     settings: Settings
     virtual: dict[str, VirtualDevice]
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    # (hash of the graph's code, hash of its costs) -> the graph compiled from it
+    by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
 
     def resident_bytes(self) -> dict[str, int]:
         held: dict[str, int] = {}
@@ -184,6 +187,17 @@ class TensorTorrentBackend:
         session = self._session(settings)
         profile = host_profile(settings)
         cost = build_cost_graph(gm, example_inputs)
+        source = (hashlib.sha256(gm.code.encode()).hexdigest(), saved_plan.graph_hash(cost))
+        if source in session.by_source:
+            # A recompile (a guard failed) that produced the same graph with the same
+            # costs: its plan's assumptions still hold.
+            again = session.by_source[source]
+            log.info(
+                "recompiled graph is graph %d again (same code and costs): reusing plan %s",
+                again.plan.graph_index,
+                again.plan.plan_hash,
+            )
+            return again
         _check_fallbacks(cost, settings.strict)
         plan = plan_graph(len(session.graphs), cost, profile, settings, session.resident_bytes())
         if settings.plan is not None:
@@ -201,6 +215,13 @@ class TensorTorrentBackend:
             profile=profile,
         )
         session.graphs.append(compiled)
+        session.by_source[source] = compiled
+        if plan.graph_index > 0:
+            log.info(
+                "graph %d planned (a new graph: a graph break, or a recompile with other "
+                "shapes or code)",
+                plan.graph_index,
+            )
         if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
             from .explain import explain_graph
 

@@ -197,7 +197,8 @@ class Runtime(torch.nn.Module):
     def __init__(self, virtual: dict[str, VirtualDevice]) -> None:
         super().__init__()
         self.virtual = virtual
-        self._resident: dict[str, tuple[torch.Tensor, int]] = {}
+        # key -> (device copy, the source tensor, its version when copied)
+        self._resident: dict[str, tuple[torch.Tensor, weakref.ref[torch.Tensor], int]] = {}
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
         self.recorder = Recorder()
 
@@ -225,13 +226,13 @@ class Runtime(torch.nn.Module):
 
     def make_resident(self, key: str, param: torch.Tensor, device: str) -> torch.Tensor:
         copy = self.move(param.detach(), device, f"resident {key}")
-        self._resident[key] = (copy, param._version)
+        self._resident[key] = (copy, weakref.ref(param), param._version)
         return copy
 
     def resident_copy(self, key: str, param: torch.Tensor, device: str) -> torch.Tensor:
         entry = self._resident.get(key)
-        if entry is None or entry[1] != param._version:
-            # The user changed the weight in place since it was copied: copy it again.
+        if entry is None or entry[1]() is not param or entry[2] != param._version:
+            # Another tensor, or the same one changed in place since it was copied: copy again.
             self._resident.pop(key, None)
             return self.make_resident(key, param, device)
         return entry[0]
@@ -239,7 +240,7 @@ class Runtime(torch.nn.Module):
     def resident_bytes(self, device: str) -> int:
         return sum(
             t.untyped_storage().nbytes()
-            for k, (t, _) in self._resident.items()
+            for t, _, _ in self._resident.values()
             if self.owner(t) == device
         )
 

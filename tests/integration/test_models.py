@@ -180,3 +180,25 @@ def test_dynamic_shapes_plan_states_the_sizes_it_assumed() -> None:
     from tensortorrent_dynamo.explain import explain_graph
 
     assert "dynamic sizes planned for: s" in explain_graph(graph)
+
+
+def test_resident_copies_follow_in_place_changes_of_the_weights() -> None:
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **_options("1MiB"))
+    (graph,) = compiled.graphs
+    assert not any(graph.plan.native.param_streamed)
+    with torch.no_grad():
+        model[0].weight.mul_(-2.0)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_recompile_of_the_same_graph_reuses_its_plan(caplog: pytest.LogCaptureFixture) -> None:
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **_options("1MiB"))
+    with caplog.at_level("INFO", logger="tensortorrent_dynamo"):
+        with pytest.warns(tt.TensorTorrentWarning, match="inference only"):
+            compiled(x)  # grad mode changed: Dynamo recompiles the same graph
+        with torch.no_grad():
+            compiled(torch.randn(6, 64))  # other shapes: a new graph, planned anew
+    assert "reusing plan" in caplog.text
+    assert len(compiled.graphs) == 2
