@@ -1,20 +1,42 @@
 """Native planner of tensortorrent (the compiled ``tensortorrent-planner-py`` crate).
 
 Errors are raised as the classes of :mod:`tensortorrent_dynamo.errors`:
-``InvalidCostGraph``, ``InvalidDevices``, ``InvalidObjective`` and ``PlanInfeasible``.
+``InvalidCostGraph``, ``InvalidDevices``, ``InvalidObjective``, ``OptionsError``
+(a limit or option out of range), ``InvalidPlacement`` (a placement given to
+``simulate`` that does not fit the graph) and ``PlanInfeasible``.
 """
 
 from collections.abc import Sequence
-from typing import final
+from typing import TypeAlias, final
 
-__all__ = ["Candidate", "CostGraph", "Device", "Plan", "plan", "version"]
+__all__ = [
+    "Candidate",
+    "CostGraph",
+    "Device",
+    "Optimum",
+    "Plan",
+    "Simulation",
+    "exhaustive",
+    "plan",
+    "simulate",
+    "version",
+]
+
+# One timeline record: (resource, kind, index, start_s, end_s). ``resource`` is a
+# device name (its compute queue), "<host>-><device>" or "<device>-><host>" (copy
+# engines) or "disk-><host>"; ``kind`` is "node", "param", "value" or "output";
+# ``index`` is the node (or, for "param", the parameter).
+_TimelineRecord: TypeAlias = tuple[str, str, int, float, float]
 
 @final
 class CostGraph:
     """A validated cost graph: flat arrays in topological order.
 
-    Raises ``InvalidCostGraph`` when an array has the wrong length, an id is out of
-    range or an input does not come before its consumer.
+    ``node_bytes_accessed`` (bytes each node moves through device memory; a node takes
+    at least that over its device's ``mem_bytes_per_s``) defaults to zeros;
+    ``param_home`` ("host" or "disk" per parameter) defaults to "host". Raises
+    ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
+    input does not come before its consumer or a home is unknown.
     """
 
     def __new__(
@@ -28,6 +50,9 @@ class CostGraph:
         param_offsets: Sequence[int],
         param_users: Sequence[int],
         output_ids: Sequence[int],
+        *,
+        node_bytes_accessed: Sequence[int] | None = None,
+        param_home: Sequence[str] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:
@@ -38,7 +63,11 @@ class CostGraph:
 
 @final
 class Device:
-    """One device: the host (index 0 of a device list) or an accelerator."""
+    """One device: the host (index 0 of a device list) or an accelerator.
+
+    ``mem_bytes_per_s`` (device-memory bandwidth) and ``disk_bytes_per_s`` (disk read
+    rate, used on the host) default to infinity: not modelled.
+    """
 
     def __new__(
         cls,
@@ -49,6 +78,9 @@ class Device:
         h2d_bytes_per_s: float,
         d2h_bytes_per_s: float,
         latency_s: float,
+        *,
+        mem_bytes_per_s: float = ...,
+        disk_bytes_per_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -71,6 +103,12 @@ class Device:
     @property
     def latency_s(self) -> float:
         """Fixed cost per node, in seconds."""
+    @property
+    def mem_bytes_per_s(self) -> float:
+        """Device-memory bandwidth in bytes per second (infinite: not modelled)."""
+    @property
+    def disk_bytes_per_s(self) -> float:
+        """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
 
 @final
 class Candidate:
@@ -79,6 +117,10 @@ class Candidate:
     @property
     def name(self) -> str:
         """Candidate name, for example ``"all-on-virtual:0/streamed"``."""
+    @property
+    def family(self) -> str:
+        """The family that proposed it: ``"single-device"``, ``"knapsack"``,
+        ``"segments"``, ``"host-stretches"`` or ``"local-search"``."""
     @property
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
@@ -115,28 +157,136 @@ class Plan:
     def param_evict_segment(self) -> list[int]:
         """Last segment using each streamed parameter; -1 when not streamed."""
     @property
+    def param_issue_segment(self) -> list[int]:
+        """Segment whose start issues each streamed parameter's prefetch; -1 for the
+        start of the run and for parameters not streamed."""
+    @property
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
     @property
     def peak_bytes(self) -> list[int]:
         """Simulated peak memory per device, in bytes."""
     @property
+    def lower_bound_s(self) -> float:
+        """The busiest resource's seconds of work (no schedule is faster)."""
+    @property
+    def busy_fraction(self) -> dict[str, float]:
+        """Fraction of the predicted time each resource is busy, by name."""
+    @property
+    def timeline(self) -> list[_TimelineRecord]:
+        """The simulated timeline: ``(resource, kind, index, start_s, end_s)``."""
+    @property
     def candidates(self) -> list[Candidate]:
-        """Every candidate considered, in search order."""
+        """Every candidate listed, in search order."""
     @property
     def chosen(self) -> str:
         """Name of the chosen candidate."""
     @property
+    def report(self) -> str:
+        """What the search did and why it stopped, as a sentence."""
+    @property
+    def stop_reason(self) -> str:
+        """Why the search stopped."""
+    @property
+    def candidates_simulated(self) -> int:
+        """Placements simulated by the search."""
+    @property
+    def nodes_simulated(self) -> int:
+        """Nodes simulated by the search, over all its simulations."""
+    @property
     def plan_hash(self) -> str:
         """Stable hash of the inputs and the decisions (16 hex digits)."""
 
-def plan(graph: CostGraph, devices: Sequence[Device], objective: str, host_compute: bool) -> Plan:
+@final
+class Simulation:
+    """One simulated placement: time, memory, resources and timeline."""
+
+    @property
+    def predicted_time_s(self) -> float:
+        """Simulated time until the last output is on the host, in seconds."""
+    @property
+    def peak_bytes(self) -> list[int]:
+        """Simulated peak memory per device, in bytes."""
+    @property
+    def lower_bound_s(self) -> float:
+        """The busiest resource's seconds of work (no schedule is faster)."""
+    @property
+    def busy_fraction(self) -> dict[str, float]:
+        """Fraction of the predicted time each resource is busy, by name."""
+    @property
+    def timeline(self) -> list[_TimelineRecord]:
+        """Every piece of work: ``(resource, kind, index, start_s, end_s)``."""
+
+@final
+class Optimum:
+    """The fastest placement that fits, found by enumeration."""
+
+    @property
+    def node_device(self) -> list[int]:
+        """Device index of each node."""
+    @property
+    def param_streamed(self) -> list[bool]:
+        """Whether each parameter is streamed."""
+    @property
+    def predicted_time_s(self) -> float:
+        """Simulated time, in seconds."""
+    @property
+    def peak_bytes(self) -> list[int]:
+        """Simulated peak memory per device, in bytes."""
+    @property
+    def placements(self) -> int:
+        """Placements simulated."""
+
+def plan(
+    graph: CostGraph,
+    devices: Sequence[Device],
+    objective: str,
+    host_compute: bool,
+    *,
+    node_limit: int | None = None,
+    time_limit_s: float | None = None,
+    prefetch_depth: int = 1,
+    memory_slack: float = ...,
+) -> Plan:
     """Plan ``graph`` over ``devices`` (the host first) for ``objective``.
 
-    ``objective`` is ``"latency"``, ``"memory"`` or ``"throughput"``; with
-    ``host_compute`` false only host-only nodes run on the host. Releases the GIL
-    while planning. Raises ``PlanInfeasible`` (with ``min_budgets``) when no
-    candidate fits the budgets.
+    ``objective`` is ``"latency"`` (one forward), ``"memory"`` (least accelerator
+    memory within ``memory_slack``, by default 0.1, of the fastest) or ``"throughput"`` (the same
+    choice as latency: the planner has no batch information and simulates one run
+    at a time). With ``host_compute`` false only host-only nodes run on the host.
+    ``node_limit`` (nodes simulated; default 32 whole-graph simulations, at least
+    262144) bounds local search; ``time_limit_s`` bounds the whole search (the
+    single-device candidates always run); ``prefetch_depth`` is how many segments
+    ahead streamed parameters are prefetched. Releases the GIL while planning.
+    Raises ``PlanInfeasible`` (with ``min_budgets``) when no candidate fits the
+    budgets and ``OptionsError`` for an option out of range.
+    """
+
+def simulate(
+    graph: CostGraph,
+    devices: Sequence[Device],
+    node_device: Sequence[int],
+    param_streamed: Sequence[bool],
+    *,
+    prefetch_depth: int = 1,
+) -> Simulation:
+    """Simulate one placement: each node's device and whether each parameter is
+    streamed (ignored for parameters no accelerator uses, unless their home is disk).
+    Raises ``InvalidPlacement`` for wrong lengths, unknown devices or a host-only node
+    placed elsewhere. Releases the GIL.
+    """
+
+def exhaustive(
+    graph: CostGraph,
+    devices: Sequence[Device],
+    host_compute: bool,
+    *,
+    prefetch_depth: int = 1,
+    limit: int = 1000000,
+) -> Optimum | None:
+    """The fastest placement that fits every budget, by simulating every placement
+    the planner could choose; ``None`` when none fits. Raises ``OptionsError`` when
+    that could exceed ``limit`` placements. For checking the planner on small graphs.
     """
 
 def version() -> str:

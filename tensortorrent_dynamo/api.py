@@ -14,6 +14,7 @@ from .cost_graph import CostGraph, build_cost_graph
 from .errors import TensorTorrentError
 from .explain import explain
 from .settings import parse_options
+from .trace import write_trace
 
 
 class CompiledModule(torch.nn.Module):
@@ -67,6 +68,11 @@ class CompiledModule(torch.nn.Module):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plans of every compiled graph to ``path`` (JSON; see ``tt.load``)."""
         saved_plan.save(path, self.graphs, self.explain())
+
+    def trace(self, path: str | os.PathLike[str]) -> None:
+        """Write a Chrome/Perfetto trace: the simulated timeline and, after a call, the
+        measured one, one track per device and link."""
+        write_trace(path, self.graphs)
 
     def plan_hashes(self) -> list[str]:
         return [g.plan.plan_hash for g in self.graphs]

@@ -208,6 +208,7 @@ class CostGraph:
             param_offsets=param_offsets,
             param_users=param_users,
             output_ids=list(self.output_ids),
+            node_bytes_accessed=[n.bytes_accessed for n in self.nodes],
         )
 
 

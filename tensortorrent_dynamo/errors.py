@@ -49,6 +49,10 @@ class StalePlanError(TensorTorrentError):
     """A saved plan no longer applies: the graph, the hardware or the profile changed."""
 
 
+class InvalidPlacement(TensorTorrentError, ValueError):
+    """A placement given to the simulator does not fit the graph or the devices."""
+
+
 class InvalidDevices(TensorTorrentError):
     """The device list handed to the planner is malformed."""
 

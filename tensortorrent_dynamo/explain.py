@@ -59,12 +59,20 @@ def explain_graph(graph: CompiledGraph) -> str:
         f"Graph {plan.graph_index}: {len(cost.nodes)} nodes, {len(cost.params)} parameters "
         f"({format_bytes(cost.param_bytes)}), {_flops(cost.total_flops)}, plan {plan.plan_hash}",
     ]
-    cands = []
+    families: dict[str, list[str]] = {}
     for cand in native.candidates:
         time = format_seconds(cand.predicted_time_s) if cand.feasible else "does not fit"
         mark = " (chosen)" if cand.name == native.chosen else ""
-        cands.append(f"{cand.name} {time}{mark}")
-    lines.append("  candidates: " + " | ".join(cands))
+        families.setdefault(cand.family, []).append(f"{cand.name} {time}{mark}")
+    lines.append(f"  candidates ({native.report}):")
+    lines += [f"    {family}: " + " | ".join(c) for family, c in families.items()]
+    bound = native.lower_bound_s
+    ratio = f"{plan.predicted_time_s / bound:.2f}x" if bound > 0 else "-"
+    busiest = sorted(native.busy_fraction.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    lines.append(
+        f"  lower bound {format_seconds(bound)} (busiest resource's work); predicted / bound "
+        f"{ratio}; busy: " + ", ".join(f"{r} {f:.0%}" for r, f in busiest)
+    )
 
     seg_nodes: dict[int, list[int]] = {}
     for nid, seg in enumerate(native.node_segment):

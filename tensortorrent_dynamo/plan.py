@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,8 @@ def plan_graph(
             h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,
             d2h_bytes_per_s=0.0 if d.profile.is_host else d.profile.d2h_bytes_per_s,
             latency_s=d.profile.latency_s,
+            # an unmeasured bandwidth is infinite: memory traffic is then not modelled
+            mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
         )
         for d in devices
     ]
@@ -134,13 +137,20 @@ def plan_graph(
     native = planner.plan(cost.to_native(), native_devices, settings.objective, host_compute)
     for cand in native.candidates:
         log.debug(
-            "  candidate %-28s feasible=%s predicted=%.6fs peaks=%s",
+            "  candidate %-28s family=%s feasible=%s predicted=%.6fs peaks=%s",
             cand.name,
+            cand.family,
             cand.feasible,
             cand.predicted_time_s,
             list(cand.peak_bytes),
         )
-    log.debug("  chose %s (plan %s)", native.chosen, native.plan_hash)
+    log.debug(
+        "  chose %s (plan %s), %.2fx its lower bound; %s",
+        native.chosen,
+        native.plan_hash,
+        native.predicted_time_s / native.lower_bound_s if native.lower_bound_s else 1.0,
+        native.report,
+    )
     return GraphPlan(
         graph_index=graph_index,
         cost=cost,

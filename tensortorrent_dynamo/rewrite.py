@@ -3,7 +3,7 @@
 The parent graph calls each segment's submodule in order and, between them,
 ``transfer`` (activations changing device), ``resident`` (parameters kept on a
 device), ``prefetch``/``wait``/``evict`` (streamed parameters, double-buffered:
-a segment's parameters are prefetched when the segment before it starts).
+each streamed parameter is prefetched when the segment the plan names starts).
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     waited: dict[str, torch.fx.Node] = {}
     call_of_segment = {_segment_of(str(n.target)): n for n in calls}
 
-    def call_before(segment: int) -> torch.fx.Node:
-        """Where a prefetch for ``segment`` is issued: before the previous segment runs."""
-        earlier = [s for s in call_of_segment if s < segment]
-        return call_of_segment[max(earlier)] if earlier else calls[0]
+    def issue_point(segment: int) -> torch.fx.Node:
+        """The call a prefetch is issued before: that of the segment the plan issues it at
+        (or the first call after it, when that segment holds only graph inputs)."""
+        later = [s for s in call_of_segment if s >= segment]
+        return call_of_segment[min(later)] if later else calls[-1]
 
     for call in calls:
         device = segments[str(call.target)]
@@ -75,7 +76,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
                         params[arg.name],
                         plan,
                         call,
-                        call_before,
+                        issue_point,
                         waited,
                         moved,
                         device,
@@ -127,7 +128,7 @@ def _param_on_device(
     param: tuple[int, Any],
     plan: GraphPlan,
     call: torch.fx.Node,
-    call_before: Any,
+    issue_point: Any,
     waited: dict[str, torch.fx.Node],
     moved: dict[tuple[torch.fx.Node, str], torch.fx.Node],
     device: str,
@@ -140,7 +141,8 @@ def _param_on_device(
                 moved[key] = graph.call_function(run.resident, (rt, arg, ref.fqn, device))
         return moved[key]
     if ref.placeholder not in waited:
-        issue_at = call_before(plan.native.param_prefetch_segment[pid])
+        # -1 (the start of the run) also lands on the first call
+        issue_at = issue_point(plan.native.param_issue_segment[pid])
         with graph.inserting_before(issue_at):
             handle = graph.call_function(run.prefetch, (rt, arg, ref.fqn, device))
         with graph.inserting_before(call):

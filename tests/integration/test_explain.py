@@ -43,8 +43,11 @@ Devices
   cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       -
   virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
 
-Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 84e73cfd562442b1
-  candidates: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
+Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 2fb6368321de4a9f
+  candidates (searched all families: 2633 candidates simulated (18431 nodes)):
+    single-device: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
+    knapsack: all-on-virtual:0/knapsack 11.1 us
+  lower bound 6.0 us (busiest resource's work); predicted / bound 1.84x; busy: virtual:0 54%, cpu 45%, cpu->virtual:0 5%
   segment   device     compiler  nodes  FLOPs       params resident  streamed  copied in  measured
   submod_1  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>
   submod_2  virtual:0  eager     2      8.19 kFLOP  4.00 KiB         128 B     0 B        <time>

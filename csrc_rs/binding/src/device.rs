@@ -3,7 +3,8 @@
 use pyo3::prelude::*;
 use tensortorrent_planner::Device;
 
-/// One device: its compute rate, memory budget and copy rates.
+/// One device: its compute rate, memory budget, copy rates, and (when
+/// modelled) its memory bandwidth and disk read rate.
 #[pyclass(frozen, name = "Device", module = "tensortorrent_dynamo._planner")]
 pub(crate) struct PyDevice {
     pub(crate) inner: Device,
@@ -20,6 +21,9 @@ impl PyDevice {
         h2d_bytes_per_s,
         d2h_bytes_per_s,
         latency_s,
+        *,
+        mem_bytes_per_s = f64::INFINITY,
+        disk_bytes_per_s = f64::INFINITY,
     ))]
     fn new(
         name: String,
@@ -29,6 +33,8 @@ impl PyDevice {
         h2d_bytes_per_s: f64,
         d2h_bytes_per_s: f64,
         latency_s: f64,
+        mem_bytes_per_s: f64,
+        disk_bytes_per_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -39,6 +45,8 @@ impl PyDevice {
                 h2d_bytes_per_s,
                 d2h_bytes_per_s,
                 latency_s,
+                mem_bytes_per_s,
+                disk_bytes_per_s,
             },
         }
     }
@@ -85,18 +93,44 @@ impl PyDevice {
         self.inner.latency_s
     }
 
+    /// Device-memory bandwidth in bytes per second (infinite: not modelled).
+    #[getter]
+    fn mem_bytes_per_s(&self) -> f64 {
+        self.inner.mem_bytes_per_s
+    }
+
+    /// Disk read rate in bytes per second, used on the host (infinite: not
+    /// modelled).
+    #[getter]
+    fn disk_bytes_per_s(&self) -> f64 {
+        self.inner.disk_bytes_per_s
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
-            "Device(name={:?}, is_host={}, flops_per_s={:?}, budget_bytes={}, \
-             h2d_bytes_per_s={:?}, d2h_bytes_per_s={:?}, latency_s={:?})",
+            "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
+             h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
+             mem_bytes_per_s={}, disk_bytes_per_s={})",
             d.name,
             if d.is_host { "True" } else { "False" },
-            d.flops_per_s,
+            float_repr(d.flops_per_s),
             d.budget_bytes,
-            d.h2d_bytes_per_s,
-            d.d2h_bytes_per_s,
-            d.latency_s
+            float_repr(d.h2d_bytes_per_s),
+            float_repr(d.d2h_bytes_per_s),
+            float_repr(d.latency_s),
+            float_repr(d.mem_bytes_per_s),
+            float_repr(d.disk_bytes_per_s)
         )
+    }
+}
+
+/// A float as Python writes it back: `inf` is `float('inf')`.
+fn float_repr(x: f64) -> String {
+    if x.is_infinite() {
+        let sign = if x < 0.0 { "-" } else { "" };
+        format!("float('{sign}inf')")
+    } else {
+        format!("{x:?}")
     }
 }

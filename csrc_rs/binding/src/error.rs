@@ -14,6 +14,8 @@ pub(crate) fn to_py_err(py: Python<'_>, err: &PlanError) -> PyErr {
         PlanError::InvalidGraph(_) => "InvalidCostGraph",
         PlanError::InvalidDevices(_) => "InvalidDevices",
         PlanError::InvalidObjective(_) => "InvalidObjective",
+        PlanError::InvalidOptions(_) => "OptionsError",
+        PlanError::InvalidPlacement(_) => "InvalidPlacement",
         PlanError::Infeasible { .. } => "PlanInfeasible",
     };
     let raised = py.import(ERRORS_MODULE).and_then(|module| {

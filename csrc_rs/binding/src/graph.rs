@@ -1,7 +1,7 @@
 //! `CostGraph`: the validated flat arrays of one captured graph.
 
 use pyo3::prelude::*;
-use tensortorrent_planner::CostGraph;
+use tensortorrent_planner::{CostGraph, PlanError, Tier};
 
 use crate::error::to_py_err;
 
@@ -24,6 +24,9 @@ impl PyCostGraph {
         param_offsets,
         param_users,
         output_ids,
+        *,
+        node_bytes_accessed = None,
+        param_home = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -36,20 +39,36 @@ impl PyCostGraph {
         param_offsets: Vec<u32>,
         param_users: Vec<u32>,
         output_ids: Vec<u32>,
+        node_bytes_accessed: Option<Vec<u64>>,
+        param_home: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        CostGraph::new(
-            node_flops,
-            node_out_bytes,
-            node_host_only,
-            input_offsets,
-            input_ids,
-            param_bytes,
-            param_offsets,
-            param_users,
-            output_ids,
-        )
-        .map(|inner| Self { inner })
-        .map_err(|e| to_py_err(py, &e))
+        let build = || -> Result<CostGraph, PlanError> {
+            let mut graph = CostGraph::new(
+                node_flops,
+                node_out_bytes,
+                node_host_only,
+                input_offsets,
+                input_ids,
+                param_bytes,
+                param_offsets,
+                param_users,
+                output_ids,
+            )?;
+            if let Some(bytes) = node_bytes_accessed {
+                graph = graph.with_node_bytes_accessed(bytes)?;
+            }
+            if let Some(homes) = param_home {
+                let homes = homes
+                    .iter()
+                    .map(|h| h.parse::<Tier>())
+                    .collect::<Result<_, _>>()?;
+                graph = graph.with_param_home(homes)?;
+            }
+            Ok(graph)
+        };
+        build()
+            .map(|inner| Self { inner })
+            .map_err(|e| to_py_err(py, &e))
     }
 
     /// Number of nodes.

@@ -1,11 +1,15 @@
 //! `plan()`, and the `Plan` and `Candidate` it returns.
 
+use std::time::Duration;
+
 use pyo3::prelude::*;
-use tensortorrent_planner::{Candidate, Device, Objective, Plan};
+use pyo3::types::PyDict;
+use tensortorrent_planner::{Candidate, Device, Objective, Plan, PlanError, Planner};
 
 use crate::device::PyDevice;
 use crate::error::to_py_err;
 use crate::graph::PyCostGraph;
+use crate::simulate::{ordered_dict, timeline_tuples, RecordTuple};
 
 /// One candidate placement the planner simulated.
 #[pyclass(frozen, name = "Candidate", module = "tensortorrent_dynamo._planner")]
@@ -19,6 +23,12 @@ impl PyCandidate {
     #[getter]
     fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The family that proposed it, for example `"segments"`.
+    #[getter]
+    fn family(&self) -> &'static str {
+        self.inner.family.as_str()
     }
 
     /// Simulated time until the last output is on the host, in seconds.
@@ -42,8 +52,9 @@ impl PyCandidate {
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(
-            "Candidate(name={:?}, predicted_time_s={:?}, feasible={}, peak_bytes={:?})",
+            "Candidate(name={:?}, family={:?}, predicted_time_s={:?}, feasible={}, peak_bytes={:?})",
             c.name,
+            c.family.as_str(),
             c.predicted_time_s,
             if c.feasible { "True" } else { "False" },
             c.peak_bytes
@@ -56,6 +67,7 @@ impl PyCandidate {
 pub(crate) struct PyPlan {
     inner: Plan,
     candidates: Vec<Py<PyCandidate>>,
+    devices: Vec<Device>,
 }
 
 #[pymethods]
@@ -102,6 +114,13 @@ impl PyPlan {
         self.inner.param_evict_segment.clone()
     }
 
+    /// Segment whose start issues each streamed parameter's prefetch; -1
+    /// for the start of the run and for parameters not streamed.
+    #[getter]
+    fn param_issue_segment(&self) -> Vec<i64> {
+        self.inner.param_issue_segment.clone()
+    }
+
     /// Simulated time until the last output is on the host, in seconds.
     #[getter]
     fn predicted_time_s(&self) -> f64 {
@@ -114,7 +133,25 @@ impl PyPlan {
         self.inner.peak_bytes.clone()
     }
 
-    /// Every candidate considered, in search order.
+    /// The busiest resource's seconds of work (no schedule is faster).
+    #[getter]
+    fn lower_bound_s(&self) -> f64 {
+        self.inner.lower_bound_s
+    }
+
+    /// Fraction of the predicted time each resource is busy, by name.
+    #[getter]
+    fn busy_fraction<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        ordered_dict(py, &self.inner.busy_fraction)
+    }
+
+    /// The simulated timeline: `(resource, kind, index, start_s, end_s)`.
+    #[getter]
+    fn timeline(&self) -> Vec<RecordTuple> {
+        timeline_tuples(&self.inner.timeline, &self.devices)
+    }
+
+    /// Every candidate listed, in search order.
     #[getter]
     fn candidates(&self, py: Python<'_>) -> Vec<Py<PyCandidate>> {
         self.candidates.iter().map(|c| c.clone_ref(py)).collect()
@@ -124,6 +161,30 @@ impl PyPlan {
     #[getter]
     fn chosen(&self) -> &str {
         &self.inner.chosen
+    }
+
+    /// What the search did and why it stopped, as a sentence.
+    #[getter]
+    fn report(&self) -> String {
+        self.inner.report.to_string()
+    }
+
+    /// Why the search stopped.
+    #[getter]
+    fn stop_reason(&self) -> String {
+        self.inner.report.stop_reason.to_string()
+    }
+
+    /// Placements simulated by the search.
+    #[getter]
+    fn candidates_simulated(&self) -> u64 {
+        self.inner.report.candidates_simulated
+    }
+
+    /// Nodes simulated by the search, over all its simulations.
+    #[getter]
+    fn nodes_simulated(&self) -> u64 {
+        self.inner.report.nodes_simulated
     }
 
     /// Stable hash of the inputs and the decisions (16 hex digits).
@@ -147,21 +208,51 @@ impl PyPlan {
 
 /// Plans `graph` over `devices` (the host first) for `objective`
 /// (`"latency"`, `"memory"` or `"throughput"`); with `host_compute` false,
-/// only host-only nodes run on the host. Releases the GIL while planning.
+/// only host-only nodes run on the host. The keyword options are the
+/// planner's limits and knobs (see `Planner` in the core crate). Releases
+/// the GIL while planning.
 #[pyfunction]
-#[pyo3(signature = (graph, devices, objective, host_compute))]
+#[pyo3(signature = (
+    graph,
+    devices,
+    objective,
+    host_compute,
+    *,
+    node_limit = None,
+    time_limit_s = None,
+    prefetch_depth = 1,
+    memory_slack = Planner::DEFAULT_MEMORY_SLACK,
+))]
 pub(crate) fn plan(
     py: Python<'_>,
     graph: &Bound<'_, PyCostGraph>,
     devices: Vec<PyRef<'_, PyDevice>>,
     objective: &str,
     host_compute: bool,
+    node_limit: Option<u64>,
+    time_limit_s: Option<f64>,
+    prefetch_depth: u32,
+    memory_slack: f64,
 ) -> PyResult<PyPlan> {
     let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
+    let mut configured = Planner::new(objective)
+        .with_host_compute(host_compute)
+        .with_prefetch_depth(prefetch_depth)
+        .with_memory_slack(memory_slack);
+    if let Some(nodes) = node_limit {
+        configured = configured.with_node_limit(nodes);
+    }
+    if let Some(seconds) = time_limit_s {
+        let limit = Duration::try_from_secs_f64(seconds).map_err(|_| {
+            let msg = format!("time_limit_s is {seconds}; it must be finite and non-negative");
+            to_py_err(py, &PlanError::InvalidOptions(msg))
+        })?;
+        configured = configured.with_time_limit(limit);
+    }
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
-        .detach(|| tensortorrent_planner::plan(graph, &devices, objective, host_compute))
+        .detach(|| configured.run(graph, &devices))
         .map_err(|e| to_py_err(py, &e))?;
     let candidates = planned
         .candidates
@@ -171,5 +262,6 @@ pub(crate) fn plan(
     Ok(PyPlan {
         inner: planned,
         candidates,
+        devices,
     })
 }

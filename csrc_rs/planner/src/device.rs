@@ -21,13 +21,50 @@ pub struct Device {
     pub d2h_bytes_per_s: f64,
     /// Fixed cost added to every node run on this device, in seconds.
     pub latency_s: f64,
+    /// Device-memory bandwidth in bytes per second: a node takes at least
+    /// its memory traffic over this rate (memory-bound ops such as
+    /// elementwise ops and norms). Infinite means "not modelled".
+    pub mem_bytes_per_s: f64,
+    /// Read rate of the disk tier in bytes per second (only the host's is
+    /// used: parameters whose home is disk are read into host memory).
+    /// Infinite means "not modelled".
+    pub disk_bytes_per_s: f64,
 }
 
 impl Device {
-    /// Seconds this device needs to run a node of `flops` operations.
+    /// A device with the given rates and budget, whose memory bandwidth and
+    /// disk rate are not modelled (infinite).
     #[must_use]
-    pub fn node_time(&self, flops: f64) -> f64 {
-        flops / self.flops_per_s + self.latency_s
+    pub fn new(
+        name: impl Into<String>,
+        is_host: bool,
+        flops_per_s: f64,
+        budget_bytes: u64,
+        h2d_bytes_per_s: f64,
+        d2h_bytes_per_s: f64,
+        latency_s: f64,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            is_host,
+            flops_per_s,
+            budget_bytes,
+            h2d_bytes_per_s,
+            d2h_bytes_per_s,
+            latency_s,
+            mem_bytes_per_s: f64::INFINITY,
+            disk_bytes_per_s: f64::INFINITY,
+        }
+    }
+
+    /// Seconds this device needs to run a node of `flops` operations that
+    /// moves `bytes` through device memory: the slower of compute and
+    /// memory traffic, plus the fixed latency.
+    #[must_use]
+    pub fn node_time(&self, flops: f64, bytes: u64) -> f64 {
+        let compute = flops / self.flops_per_s;
+        let traffic = bytes as f64 / self.mem_bytes_per_s;
+        compute.max(traffic) + self.latency_s
     }
 }
 
@@ -36,9 +73,9 @@ fn invalid(msg: String) -> PlanError {
 }
 
 /// Checks a device list: non-empty, exactly one host and it is index 0,
-/// unique non-empty names, positive compute rates, positive copy rates on
-/// accelerators (the host's are ignored), finite non-negative latencies.
-/// Rates may be infinite.
+/// unique non-empty names, positive compute and memory rates, positive copy
+/// rates on accelerators and a positive disk rate on the host (the others
+/// are ignored), finite non-negative latencies. Rates may be infinite.
 ///
 /// # Errors
 /// [`PlanError::InvalidDevices`] naming the first offending device and field.
@@ -87,14 +124,20 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
                 d.name, d.latency_s
             )));
         }
-        if d.is_host {
+        let rates: &[(&str, f64)] = if d.is_host {
             // The host's own copy rates are never used.
-            continue;
-        }
-        for (field, rate) in [
-            ("h2d_bytes_per_s", d.h2d_bytes_per_s),
-            ("d2h_bytes_per_s", d.d2h_bytes_per_s),
-        ] {
+            &[
+                ("mem_bytes_per_s", d.mem_bytes_per_s),
+                ("disk_bytes_per_s", d.disk_bytes_per_s),
+            ]
+        } else {
+            &[
+                ("mem_bytes_per_s", d.mem_bytes_per_s),
+                ("h2d_bytes_per_s", d.h2d_bytes_per_s),
+                ("d2h_bytes_per_s", d.d2h_bytes_per_s),
+            ]
+        };
+        for &(field, rate) in rates {
             if rate.is_nan() || rate <= 0.0 {
                 return Err(invalid(format!(
                     "device {i} ({:?}) has {field} = {rate}; it must be positive",

@@ -12,6 +12,14 @@ pub enum PlanError {
     /// The objective name is not one of the known objectives.
     #[error("invalid objective: {0}")]
     InvalidObjective(String),
+    /// A planner option (a limit, the prefetch depth, the memory slack) is
+    /// out of range.
+    #[error("invalid option: {0}")]
+    InvalidOptions(String),
+    /// A placement given to the simulator does not fit the graph and the
+    /// devices (lengths, device ids, host-only nodes).
+    #[error("invalid placement: {0}")]
+    InvalidPlacement(String),
     /// No candidate placement fits the memory budgets.
     #[error("{message}")]
     Infeasible {
@@ -28,7 +36,11 @@ impl PlanError {
     #[must_use]
     pub fn message(&self) -> &str {
         match self {
-            Self::InvalidGraph(m) | Self::InvalidDevices(m) | Self::InvalidObjective(m) => m,
+            Self::InvalidGraph(m)
+            | Self::InvalidDevices(m)
+            | Self::InvalidObjective(m)
+            | Self::InvalidOptions(m)
+            | Self::InvalidPlacement(m) => m,
             Self::Infeasible { message, .. } => message,
         }
     }

@@ -1,7 +1,56 @@
 //! The cost graph: flat, topologically ordered arrays describing the work,
 //! the data flow and the parameters of one captured graph.
 
+use std::fmt;
+use std::str::FromStr;
+
 use crate::error::PlanError;
+
+/// Where a parameter lives between runs (its home tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Tier {
+    /// Host memory: the host holds it for the whole run.
+    #[default]
+    Host,
+    /// Disk: read into host memory when a device needs it, at the host's
+    /// `disk_bytes_per_s`; host memory holds it only while it is in use.
+    Disk,
+}
+
+impl Tier {
+    /// Every tier, in the order their names are listed.
+    pub const ALL: [Self; 2] = [Self::Host, Self::Disk];
+
+    /// The tier's name as parsed by [`str::parse`].
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Disk => "disk",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = PlanError;
+
+    fn from_str(s: &str) -> Result<Self, PlanError> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "unknown parameter home {s:?}; valid homes are: host, disk"
+                ))
+            })
+    }
+}
 
 /// A validated cost graph.
 ///
@@ -19,6 +68,8 @@ pub struct CostGraph {
     param_offsets: Vec<u32>,
     param_users: Vec<u32>,
     output_ids: Vec<u32>,
+    node_bytes_accessed: Vec<u64>,
+    param_home: Vec<Tier>,
     // Derived indices, built once at construction.
     node_param_offsets: Vec<u32>,
     node_param_ids: Vec<u32>,
@@ -250,12 +301,48 @@ impl CostGraph {
             param_offsets,
             param_users,
             output_ids,
+            node_bytes_accessed: vec![0; n],
+            param_home: vec![Tier::Host; p],
             node_param_offsets,
             node_param_ids,
             consumer_offsets,
             consumer_ids,
             is_output,
         })
+    }
+
+    /// Sets the bytes each node moves through device memory (reads plus
+    /// writes); by default 0, so a node's time is its compute alone.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the node count.
+    pub fn with_node_bytes_accessed(mut self, bytes: Vec<u64>) -> Result<Self, PlanError> {
+        if bytes.len() != self.num_nodes() {
+            return Err(invalid(format!(
+                "node_bytes_accessed has {} entries but node_flops has {}",
+                bytes.len(),
+                self.num_nodes()
+            )));
+        }
+        self.node_bytes_accessed = bytes;
+        Ok(self)
+    }
+
+    /// Sets the home tier of each parameter; by default every parameter's
+    /// home is the host.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the parameter count.
+    pub fn with_param_home(mut self, home: Vec<Tier>) -> Result<Self, PlanError> {
+        if home.len() != self.num_params() {
+            return Err(invalid(format!(
+                "param_home has {} entries but param_bytes has {}",
+                home.len(),
+                self.num_params()
+            )));
+        }
+        self.param_home = home;
+        Ok(self)
     }
 
     /// Number of nodes.
@@ -316,6 +403,24 @@ impl CostGraph {
     #[must_use]
     pub fn param_users_flat(&self) -> &[u32] {
         &self.param_users
+    }
+
+    /// Bytes each node moves through device memory.
+    #[must_use]
+    pub fn node_bytes_accessed(&self) -> &[u64] {
+        &self.node_bytes_accessed
+    }
+
+    /// Home tier of each parameter.
+    #[must_use]
+    pub fn param_home(&self) -> &[Tier] {
+        &self.param_home
+    }
+
+    /// Whether any parameter's home is disk.
+    #[must_use]
+    pub fn has_disk_params(&self) -> bool {
+        self.param_home.contains(&Tier::Disk)
     }
 
     /// Nodes whose values are graph outputs, as given.

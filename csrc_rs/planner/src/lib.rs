@@ -2,9 +2,13 @@
 //!
 //! Given a [`CostGraph`] (the work, data flow and parameters of one captured
 //! graph, in topological order) and a list of [`Device`]s (the host at index
-//! 0, then accelerators), [`plan`] decides where each node runs, which
-//! parameters stay resident on an accelerator and which are streamed in per
-//! segment, and predicts the run's time and per-device peak memory.
+//! 0, then accelerators), [`plan`] (or a configured [`Planner`]) searches
+//! placements in several candidate families, scores each with the
+//! discrete-event simulator ([`simulate`]) and keeps the one the
+//! [`Objective`] prefers: where each node runs, which parameters stay
+//! resident and which are streamed in per segment, with the predicted time,
+//! per-device peak memory, lower bound and timeline. [`exhaustive`] finds the
+//! optimum of small graphs by enumeration, to check the search against.
 //!
 //! ```
 //! use tensortorrent_planner::{plan, CostGraph, Device, Objective};
@@ -21,14 +25,8 @@
 //!     vec![1],              // used by node 1
 //!     vec![1],              // node 1 is the output
 //! )?;
-//! let device = |name: &str, is_host: bool, flops_per_s: f64| Device {
-//!     name: name.into(),
-//!     is_host,
-//!     flops_per_s,
-//!     budget_bytes: 1 << 30,
-//!     h2d_bytes_per_s: 1e10,
-//!     d2h_bytes_per_s: 1e10,
-//!     latency_s: 1e-5,
+//! let device = |name: &str, is_host: bool, flops_per_s: f64| {
+//!     Device::new(name, is_host, flops_per_s, 1 << 30, 1e10, 1e10, 1e-5)
 //! };
 //! let devices = [device("cpu", true, 1e10), device("virtual:0", false, 1e12)];
 //!
@@ -36,6 +34,7 @@
 //! assert_eq!(p.chosen, "all-on-virtual:0");
 //! assert_eq!(p.node_device, vec![0, 1]);
 //! assert_eq!(p.param_streamed, vec![false]);
+//! assert!(p.lower_bound_s <= p.predicted_time_s);
 //! assert_eq!(p.plan_hash.len(), 16);
 //! # Ok::<(), tensortorrent_planner::PlanError>(())
 //! ```
@@ -43,6 +42,7 @@
 
 mod device;
 mod error;
+mod exhaustive;
 mod graph;
 mod hash;
 mod plan;
@@ -51,8 +51,10 @@ mod simulate;
 pub use crate::{
     device::{validate_devices, Device},
     error::PlanError,
-    graph::CostGraph,
-    plan::{plan, Candidate, Objective, Plan},
+    exhaustive::{exhaustive, Optimum},
+    graph::{CostGraph, Tier},
+    plan::{plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason},
+    simulate::{simulate, Activity, Record, Resource, Simulation},
 };
 
 /// Version of this crate.

@@ -88,10 +88,10 @@ fn tight_budget_streams_everything() {
     assert_eq!(p.node_segment, expected);
     assert_eq!(p.param_prefetch_segment, (1..=8).collect::<Vec<i64>>());
     assert_eq!(p.param_evict_segment, (1..=8).collect::<Vec<i64>>());
-    // Both candidates on the accelerator coincide.
-    let greedy = candidate(&p, "all-on-virtual:0");
-    let streamed = candidate(&p, "all-on-virtual:0/streamed");
-    assert_eq!(greedy.peak_bytes, streamed.peak_bytes);
+    // The greedy keeps everything streamed: only the streamed candidate is
+    // listed, once.
+    assert_eq!(p.chosen, "all-on-virtual:0/streamed");
+    assert!(p.candidates.iter().all(|c| c.name != "all-on-virtual:0"));
 }
 
 #[test]

@@ -3,7 +3,25 @@
 mod common;
 
 use common::{Builder, Rng, KIB};
-use tensortorrent_planner::{plan, CostGraph, Device, Objective, Plan, PlanError};
+use tensortorrent_planner::{
+    exhaustive, Activity, CostGraph, Device, Objective, Plan, PlanError, Planner, Record, Resource,
+    Tier,
+};
+
+/// Enough search for these small graphs in a debug build.
+const NODE_LIMIT: u64 = 20_000;
+
+fn plan(
+    g: &CostGraph,
+    devices: &[Device],
+    objective: Objective,
+    host_compute: bool,
+) -> Result<Plan, PlanError> {
+    Planner::new(objective)
+        .with_host_compute(host_compute)
+        .with_node_limit(NODE_LIMIT)
+        .run(g, devices)
+}
 
 /// A random DAG (or a plain chain): one to three host inputs, then nodes
 /// reading one to three earlier nodes, some host-only; parameters used by one
@@ -41,7 +59,24 @@ fn random_graph(rng: &mut Rng) -> CostGraph {
     if rng.chance(30) {
         b.output(rng.below(u64::from(n)) as u32);
     }
-    b.build()
+    let mut g = b.build();
+    if rng.chance(30) {
+        let bytes = (0..g.num_nodes()).map(|_| rng.below(1 << 20)).collect();
+        g = g.with_node_bytes_accessed(bytes).unwrap();
+    }
+    if rng.chance(20) {
+        let homes = (0..g.num_params())
+            .map(|_| {
+                if rng.chance(50) {
+                    Tier::Disk
+                } else {
+                    Tier::Host
+                }
+            })
+            .collect();
+        g = g.with_param_home(homes).unwrap();
+    }
+    g
 }
 
 fn random_devices(rng: &mut Rng) -> Vec<Device> {
@@ -51,25 +86,29 @@ fn random_devices(rng: &mut Rng) -> Vec<Device> {
         2 => rng.below(8192 * KIB),
         _ => 1 << 40,
     };
-    let mut devices = vec![Device {
-        name: "cpu".into(),
-        is_host: true,
-        flops_per_s: 1e9 * (1 + rng.below(100)) as f64,
-        budget_bytes: if rng.chance(20) { budget(rng) } else { 1 << 40 },
-        h2d_bytes_per_s: 0.0,
-        d2h_bytes_per_s: 0.0,
-        latency_s: 1e-6,
-    }];
+    let mut devices = vec![Device::new(
+        "cpu",
+        true,
+        1e9 * (1 + rng.below(100)) as f64,
+        if rng.chance(20) { budget(rng) } else { 1 << 40 },
+        0.0,
+        0.0,
+        1e-6,
+    )];
+    if rng.chance(30) {
+        devices[0].mem_bytes_per_s = 1e9 * (1 + rng.below(100)) as f64;
+        devices[0].disk_bytes_per_s = 1e8 * (1 + rng.below(100)) as f64;
+    }
     for a in 0..rng.below(3) {
-        devices.push(Device {
-            name: format!("virtual:{a}"),
-            is_host: false,
-            flops_per_s: 1e9 * (1 + rng.below(10_000)) as f64,
-            budget_bytes: budget(rng),
-            h2d_bytes_per_s: 1e6 * (1 + rng.below(10_000)) as f64,
-            d2h_bytes_per_s: 1e6 * (1 + rng.below(10_000)) as f64,
-            latency_s: 1e-6 * rng.below(20) as f64,
-        });
+        devices.push(Device::new(
+            format!("virtual:{a}"),
+            false,
+            1e9 * (1 + rng.below(10_000)) as f64,
+            budget(rng),
+            1e6 * (1 + rng.below(10_000)) as f64,
+            1e6 * (1 + rng.below(10_000)) as f64,
+            1e-6 * rng.below(20) as f64,
+        ));
     }
     devices
 }
@@ -127,26 +166,33 @@ fn check(g: &CostGraph, devices: &[Device], objective: Objective, host_compute: 
             .min()
             .map_or(0, |&u| p.node_device[u as usize]);
         assert_eq!(p.param_device[q], expected_device);
+        let on_disk = g.param_home()[q] == Tier::Disk;
         if p.param_streamed[q] {
             assert!(
-                !on_acc.is_empty(),
+                !on_acc.is_empty() || on_disk,
                 "param {q} streamed but unused on accelerators"
             );
-            let segs = on_acc
+            let segs: Vec<i64> = g
+                .param_users(q)
                 .iter()
-                .filter(|&&u| p.node_device[u as usize] == expected_device);
-            let segs: Vec<i64> = segs
+                .filter(|&&u| p.node_device[u as usize] == expected_device)
                 .map(|&u| i64::from(p.node_segment[u as usize]))
                 .collect();
             assert_eq!(p.param_prefetch_segment[q], *segs.iter().min().unwrap());
             assert_eq!(p.param_evict_segment[q], *segs.iter().max().unwrap());
+            assert!(p.param_issue_segment[q] < p.param_prefetch_segment[q]);
         } else {
             assert_eq!(
-                (p.param_prefetch_segment[q], p.param_evict_segment[q]),
-                (-1, -1)
+                (
+                    p.param_prefetch_segment[q],
+                    p.param_evict_segment[q],
+                    p.param_issue_segment[q]
+                ),
+                (-1, -1, -1)
             );
         }
     }
+    check_timeline(g, devices, p);
     // The choice.
     assert!(p.predicted_time_s.is_finite() && p.predicted_time_s >= 0.0);
     let chosen = p
@@ -181,6 +227,88 @@ fn check(g: &CostGraph, devices: &[Device], objective: Objective, host_compute: 
         assert_eq!(c.feasible, fits, "{}", c.name);
     }
     assert_eq!(p.plan_hash.len(), 16);
+}
+
+/// The winner's timeline: one record per node on its device, no resource
+/// running two things at once, every input and streamed parameter on the
+/// node's device before it starts, busy fractions within the run, and the
+/// lower bound below the predicted time.
+fn check_timeline(g: &CostGraph, devices: &[Device], p: &Plan) {
+    let eps = |t: f64| 1e-9 * t.abs().max(1e-12);
+    let mut node: Vec<Option<Record>> = vec![None; g.num_nodes()];
+    let mut by_resource: Vec<(Resource, f64, f64)> = Vec::new();
+    for r in &p.timeline {
+        assert!(r.start_s <= r.end_s, "{r:?}");
+        by_resource.push((r.resource, r.start_s, r.end_s));
+        if r.activity == Activity::Node {
+            assert_eq!(
+                r.resource,
+                Resource::Compute(p.node_device[r.index as usize])
+            );
+            assert!(node[r.index as usize].replace(*r).is_none(), "{r:?} twice");
+        }
+    }
+    by_resource.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    for w in by_resource.windows(2) {
+        if w[0].0 == w[1].0 {
+            assert!(
+                w[1].1 >= w[0].2 - eps(w[0].2),
+                "{:?} overlaps {:?}",
+                w[1],
+                w[0]
+            );
+        }
+    }
+    let arrival = |activity: Activity, index: u32, resource: Resource| -> f64 {
+        p.timeline
+            .iter()
+            .filter(|r| r.activity == activity && r.index == index && r.resource == resource)
+            .map(|r| r.end_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    for v in 0..g.num_nodes() {
+        let rec = node[v].unwrap_or_else(|| panic!("node {v} has no record"));
+        let d = p.node_device[v];
+        for &u in g.inputs(v) {
+            let du = p.node_device[u as usize];
+            let ready = if du == d {
+                node[u as usize].unwrap().end_s
+            } else if d == 0 {
+                arrival(Activity::Value, u, Resource::DeviceToHost(du))
+            } else {
+                arrival(Activity::Value, u, Resource::HostToDevice(d))
+            };
+            assert!(
+                rec.start_s >= ready - eps(ready),
+                "node {v} starts at {} before its input {u} arrives at {ready}",
+                rec.start_s
+            );
+        }
+        for &q in g.node_params(v) {
+            let q = q as usize;
+            let on_disk = g.param_home()[q] == Tier::Disk;
+            if !p.param_streamed[q] || (d == 0 && !on_disk) {
+                continue;
+            }
+            let resource = if d == 0 {
+                Resource::Disk
+            } else {
+                Resource::HostToDevice(d)
+            };
+            let ready = arrival(Activity::Param, q as u32, resource);
+            assert!(
+                rec.start_s >= ready - eps(ready),
+                "node {v} starts at {} before param {q} arrives at {ready}",
+                rec.start_s
+            );
+        }
+    }
+    let t = p.predicted_time_s;
+    assert!(p.lower_bound_s <= t + eps(t), "{} > {t}", p.lower_bound_s);
+    for (name, f) in &p.busy_fraction {
+        assert!((0.0..=1.0 + 1e-9).contains(f), "{name}: {f}");
+    }
+    assert!(p.busy_fraction.len() >= devices.len());
 }
 
 #[test]
@@ -232,4 +360,66 @@ fn random_graphs_plan_within_budgets() {
         planned > 100 && raised > 50,
         "planned {planned}, raised {raised}"
     );
+}
+
+/// A small random DAG for the exhaustive search: a host input, up to six
+/// nodes, up to three parameters.
+fn small_graph(rng: &mut Rng) -> CostGraph {
+    let mut b = Builder::default();
+    b.input(rng.below(64 * KIB));
+    let n = 2 + rng.below(6) as u32;
+    for v in 1..n {
+        let mut ins = vec![v - 1];
+        if rng.chance(40) {
+            ins.push(rng.below(u64::from(v)) as u32);
+        }
+        b.node(
+            (rng.below(1000) * 1_000_000) as f64,
+            rng.below(64 * KIB),
+            rng.chance(10),
+            &ins,
+        );
+    }
+    for _ in 0..rng.below(4) {
+        let users: Vec<u32> = (0..=rng.below(1))
+            .map(|_| 1 + rng.below(u64::from(n - 1)) as u32)
+            .collect();
+        b.param(1 + rng.below(1024 * KIB), &users);
+    }
+    b.output(n - 1);
+    b.build()
+}
+
+/// On small graphs over three devices, the planner finds a plan exactly
+/// when the exhaustive search finds one, and its time is within 5 % of the
+/// optimum.
+#[test]
+fn planner_matches_the_exhaustive_optimum() {
+    let mut rng = Rng::new(7);
+    let (mut both, mut neither) = (0, 0);
+    for case in 0..60 {
+        let g = small_graph(&mut rng);
+        let mut devices = random_devices(&mut rng);
+        while devices.len() < 3 {
+            devices = random_devices(&mut rng);
+        }
+        let host_compute = rng.chance(50);
+        let best = exhaustive(&g, &devices, host_compute, 1, 1_000_000).unwrap();
+        match (best, plan(&g, &devices, Objective::Latency, host_compute)) {
+            (Some(best), Ok(p)) => {
+                let ratio = p.predicted_time_s / best.predicted_time_s;
+                assert!(
+                    ratio <= 1.05 || p.predicted_time_s <= best.predicted_time_s,
+                    "case {case}: {ratio} ({} vs optimum {:?} {:?})",
+                    p.chosen,
+                    best.node_device,
+                    best.param_streamed
+                );
+                both += 1;
+            }
+            (None, Err(PlanError::Infeasible { .. })) => neither += 1,
+            (best, planned) => panic!("case {case}: exhaustive {best:?}, planner {planned:?}"),
+        }
+    }
+    assert!(both > 30 && neither > 3, "both {both}, neither {neither}");
 }

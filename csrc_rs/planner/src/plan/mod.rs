@@ -1,36 +1,65 @@
-//! Candidate search, residency, segments and the final choice.
+//! Candidate search and the final choice.
 //!
-//! This first version tries a handful of whole-graph placements:
-//! * for each accelerator `a`: `all-on-<a>` (every node that may leave the
-//!   host runs on `a`, parameters made resident greedily) and
-//!   `all-on-<a>/streamed` (the same, every parameter streamed);
-//! * with host compute allowed: `all-on-<host>` (everything on the host).
+//! Candidate families, every candidate scored by the same simulator:
+//! * `single-device`: for each accelerator `a`, `all-on-<a>` (every node that
+//!   may leave the host on `a`, parameters made resident greedily in order
+//!   of first use while the budget allows; prefetch depth 1 only) and
+//!   `all-on-<a>/streamed` (every parameter streamed); with host compute, `all-on-<host>` (and
+//!   `all-on-<host>/streamed` when parameters live on disk). Always run.
+//! * `knapsack`: `all-on-<a>/knapsack`, the resident set chosen by a
+//!   knapsack on the transfer time each parameter's residency saves.
+//! * `segments`: contiguous segments over the topological order by dynamic
+//!   programming over every usable device, each accelerator taking the
+//!   parameters that fit what its budget leaves (see `dp`); residency then
+//!   by knapsack.
+//! * `host-stretches`: for each accelerator `a`, with the resident set of
+//!   the best `all-on-<a>` candidate kept, the DP over the host and `a`
+//!   decides which stretches compute on the host because streaming their
+//!   weights costs more than computing them there.
+//! * `local-search`: hill climbing from the candidates so far (see
+//!   `local_search`); listed when it finds a better placement.
 //!
-//! Each candidate is simulated (see `crate::simulate`) and the objective picks
-//! among the feasible ones.
+//! The search is deterministic and bounded by a node limit and an optional
+//! time limit; the [`Report`] says which stopped it. The constructive
+//! families take a bounded number of simulations per device and always run
+//! unless time runs out (`single-device` runs even then); the node limit
+//! (nodes simulated over all candidates, those of the families included)
+//! bounds local search. The objective picks among the feasible candidates.
 
+mod dp;
+mod knapsack;
+mod local_search;
+mod report;
 mod residency;
+mod search;
 mod segments;
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
+
+pub use report::{Report, StopReason};
+pub(crate) use segments::{segment, streamable, Placement, Segmentation, HOST};
 
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
-use crate::simulate::{simulate, Simulation};
-
-pub(crate) use segments::{segment, Placement, Segmentation, HOST};
+use crate::simulate::{check_depth, run, Record, Simulation};
+use search::{Evaluated, Search, Trial};
 
 /// What the plan optimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Objective {
-    /// Least predicted time for one run.
+    /// Least predicted time for one run (one forward).
     Latency,
-    /// Least accelerator memory among plans within 10 % of the fastest.
+    /// Least accelerator memory (the largest peak over accelerators) among
+    /// plans within the memory slack (10 % by default) of the fastest.
     Memory,
-    /// Most runs per second (for now the same choice as [`Objective::Latency`]).
+    /// Most runs per second. The planner has no batch or stream-of-requests
+    /// information and simulates one run at a time, with runs not
+    /// overlapping, so this is the same choice as [`Objective::Latency`].
     Throughput,
 }
 
@@ -72,11 +101,50 @@ impl FromStr for Objective {
     }
 }
 
+/// The family of search that proposed a candidate (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Everything on one device.
+    SingleDevice,
+    /// Everything on one accelerator, resident set by knapsack.
+    Knapsack,
+    /// Contiguous segments over the devices by dynamic programming.
+    Segments,
+    /// An accelerator's resident set kept, the rest computed on the host
+    /// where streaming it costs more.
+    HostStretches,
+    /// Improved by local search.
+    LocalSearch,
+}
+
+impl Family {
+    /// The family's name: `"single-device"`, `"knapsack"`, `"segments"`,
+    /// `"host-stretches"` or `"local-search"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SingleDevice => "single-device",
+            Self::Knapsack => "knapsack",
+            Self::Segments => "segments",
+            Self::HostStretches => "host-stretches",
+            Self::LocalSearch => "local-search",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Summary of one candidate placement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     /// Candidate name, for example `"all-on-virtual:0/streamed"`.
     pub name: String,
+    /// The family that proposed it.
+    pub family: Family,
     /// Simulated time until the last output is on the host, in seconds.
     pub predicted_time_s: f64,
     /// Whether every device's peak fits its budget.
@@ -100,143 +168,610 @@ pub struct Plan {
     /// order if several do); 0 when only host nodes use it.
     pub param_device: Vec<u32>,
     /// For streamed parameters, the first segment using it on
-    /// `param_device`; its prefetch is issued when the previous segment on
-    /// that device starts (at time 0 when there is none). -1 otherwise.
+    /// `param_device`; -1 otherwise.
     pub param_prefetch_segment: Vec<i64>,
     /// For streamed parameters, the last segment using it on
     /// `param_device` (it is evicted after it); -1 otherwise.
     pub param_evict_segment: Vec<i64>,
+    /// For streamed parameters, the segment whose start issues the
+    /// prefetch to `param_device` (the prefetch depth's worth of segments
+    /// before the first use there); -1 for "at the start of the run" and
+    /// for parameters not streamed.
+    pub param_issue_segment: Vec<i64>,
     /// Simulated time until the last output is on the host, in seconds.
     pub predicted_time_s: f64,
     /// Simulated peak memory per device, in bytes.
     pub peak_bytes: Vec<u64>,
-    /// Every candidate considered, in search order.
+    /// The busiest resource's seconds of work: no schedule of this plan's
+    /// work is faster.
+    pub lower_bound_s: f64,
+    /// Fraction of the predicted time each resource is busy, by resource
+    /// name (see [`crate::Resource::name`]).
+    pub busy_fraction: Vec<(String, f64)>,
+    /// The simulated timeline of the plan.
+    pub timeline: Vec<Record>,
+    /// Every candidate listed, in search order.
     pub candidates: Vec<Candidate>,
     /// Name of the chosen candidate.
     pub chosen: String,
+    /// What the search did and why it stopped.
+    pub report: Report,
     /// 16 lowercase hex digits of a stable FNV-1a 64 hash of the inputs and
     /// the decisions.
     pub plan_hash: String,
 }
 
-/// A simulated candidate.
-struct Evaluated {
-    name: String,
-    placement: Placement,
-    seg: Segmentation,
-    sim: Simulation,
-    feasible: bool,
-    /// The greedy kept every parameter streamed: identical to the next
-    /// (`/streamed`) candidate.
-    all_streamed: bool,
+/// A configured search: the objective, the limits and the options.
+///
+/// ```
+/// use std::time::Duration;
+/// use tensortorrent_planner::{Objective, Planner};
+///
+/// let planner = Planner::new(Objective::Latency)
+///     .with_host_compute(false)
+///     .with_node_limit(1_000_000)
+///     .with_time_limit(Duration::from_millis(50));
+/// assert_eq!(planner.objective(), Objective::Latency);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planner {
+    objective: Objective,
+    host_compute: bool,
+    node_limit: Option<u64>,
+    time_limit: Option<Duration>,
+    prefetch_depth: u32,
+    memory_slack: f64,
 }
 
-fn evaluate(g: &CostGraph, devices: &[Device], name: String, placement: Placement) -> Evaluated {
-    let seg = segment(g, &placement);
-    let sim = simulate(g, devices, &placement, &seg);
-    let feasible = sim
-        .peak_bytes
-        .iter()
-        .zip(devices)
-        .all(|(&peak, d)| peak <= d.budget_bytes);
-    Evaluated {
-        name,
-        placement,
-        seg,
-        sim,
-        feasible,
-        all_streamed: false,
+impl Planner {
+    /// Default memory slack of [`Objective::Memory`]: 10 % over the fastest.
+    pub const DEFAULT_MEMORY_SLACK: f64 = 0.10;
+    /// Default node limit, in whole-graph simulations.
+    pub const DEFAULT_SIMULATIONS: u64 = 32;
+    /// Floor of the default node limit, so that small graphs search well.
+    pub const MIN_NODE_LIMIT: u64 = 1 << 18;
+
+    /// A planner for `objective` with host compute allowed, the default
+    /// node limit, no time limit, a prefetch depth of 1 and the default
+    /// memory slack.
+    #[must_use]
+    pub fn new(objective: Objective) -> Self {
+        Self {
+            objective,
+            host_compute: true,
+            node_limit: None,
+            time_limit: None,
+            prefetch_depth: 1,
+            memory_slack: Self::DEFAULT_MEMORY_SLACK,
+        }
     }
-}
 
-/// Builds all candidates in search order.
-fn candidates(g: &CostGraph, devices: &[Device], host_compute: bool) -> Vec<Evaluated> {
-    let mut out = Vec::new();
-    for (a, dev) in devices.iter().enumerate().skip(1) {
-        let a = a as u32;
-        let node_device: Vec<u32> = g
-            .node_host_only()
+    /// The objective.
+    #[must_use]
+    pub fn objective(&self) -> Objective {
+        self.objective
+    }
+
+    /// Whether nodes that may leave the host may still run there.
+    #[must_use]
+    pub fn with_host_compute(mut self, host_compute: bool) -> Self {
+        self.host_compute = host_compute;
+        self
+    }
+
+    /// Stops local search once this many nodes were simulated, over all
+    /// candidates (the constructive families always run in full). The
+    /// default is `DEFAULT_SIMULATIONS` simulations of the whole graph, and
+    /// at least `MIN_NODE_LIMIT`.
+    #[must_use]
+    pub fn with_node_limit(mut self, nodes: u64) -> Self {
+        self.node_limit = Some(nodes);
+        self
+    }
+
+    /// Stops the search after this much time (the `single-device` family
+    /// always runs in full). A search stopped by time is not reproducible.
+    #[must_use]
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = Some(limit);
+        self
+    }
+
+    /// How many segments ahead on its device a streamed parameter is
+    /// prefetched (at least 1; 1 is a double buffer). The runtime issues
+    /// prefetches one segment ahead.
+    #[must_use]
+    pub fn with_prefetch_depth(mut self, depth: u32) -> Self {
+        self.prefetch_depth = depth;
+        self
+    }
+
+    /// The fraction over the fastest time within which
+    /// [`Objective::Memory`] looks for the least accelerator memory.
+    #[must_use]
+    pub fn with_memory_slack(mut self, slack: f64) -> Self {
+        self.memory_slack = slack;
+        self
+    }
+
+    /// The node limit for a graph of `num_nodes` nodes.
+    #[must_use]
+    pub fn node_limit(&self, num_nodes: usize) -> u64 {
+        self.node_limit.unwrap_or_else(|| {
+            (Self::DEFAULT_SIMULATIONS * num_nodes as u64).max(Self::MIN_NODE_LIMIT)
+        })
+    }
+
+    /// Plans `graph` over `devices`.
+    ///
+    /// `devices[0]` must be the host; the others are accelerators.
+    ///
+    /// # Errors
+    /// * [`PlanError::InvalidDevices`] for a malformed device list;
+    /// * [`PlanError::InvalidOptions`] for a prefetch depth of 0 or a
+    ///   negative or non-finite memory slack;
+    /// * [`PlanError::Infeasible`] when no candidate fits the budgets, with
+    ///   the smallest budgets that would make one fit.
+    pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
+        validate_devices(devices)?;
+        check_depth(self.prefetch_depth)?;
+        if !(self.memory_slack.is_finite() && self.memory_slack >= 0.0) {
+            return Err(PlanError::InvalidOptions(format!(
+                "memory_slack is {}; it must be finite and non-negative",
+                self.memory_slack
+            )));
+        }
+        let mut s = Search::new(
+            graph,
+            devices,
+            self.host_compute,
+            self.prefetch_depth,
+            self.node_limit(graph.num_nodes()),
+            self.time_limit,
+        );
+        single_device(&mut s);
+        knapsack_family(&mut s);
+        segments_family(&mut s);
+        host_stretches(&mut s);
+        self.local_search(&mut s);
+        let report = Report {
+            stop_reason: s.stop.unwrap_or(StopReason::Saturated),
+            candidates_simulated: s.simulations,
+            nodes_simulated: s.nodes_simulated,
+        };
+        let Some(best) = choose(&s.candidates, self.objective, self.memory_slack) else {
+            return Err(infeasible(&s.candidates, devices, self.host_compute));
+        };
+        Ok(self.finish(graph, devices, &s.candidates, best, report))
+    }
+
+    /// The score local search minimises for this objective.
+    fn goal(&self, cands: &[Evaluated]) -> Goal {
+        let fastest = cands
             .iter()
-            .map(|&h| if h { HOST } else { a })
+            .filter(|c| c.feasible())
+            .map(|c| c.trial.sim.predicted_time_s)
+            .fold(f64::INFINITY, f64::min);
+        Goal {
+            objective: self.objective,
+            time_cap: (1.0 + self.memory_slack) * fastest,
+        }
+    }
+
+    /// Local search from every candidate so far, best first; lists the best
+    /// improvement.
+    fn local_search(&self, s: &mut Search) {
+        let goal = self.goal(&s.candidates);
+        let score = |s: &Search, t: &Trial| goal.score(s.shortfall(&t.sim), &t.sim);
+        let scores: Vec<Score> = s
+            .candidates
+            .iter()
+            .map(|c| goal.score(c.shortfall, &c.trial.sim))
             .collect();
-        let mut used_here = vec![false; g.num_params()];
-        for (q, used) in used_here.iter_mut().enumerate() {
-            *used = g
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        order.sort_by(|&a, &b| scores[a].compare(&scores[b]).then(a.cmp(&b)));
+        let starts: Vec<(Placement, Score)> = order
+            .into_iter()
+            .map(|i| (s.candidates[i].trial.placement.clone(), scores[i]))
+            .collect();
+        let best = local_search::search(s, &starts, &score);
+        if let Some(t) = best {
+            s.add("local-search".into(), Family::LocalSearch, t, false);
+        }
+    }
+
+    fn finish(
+        &self,
+        g: &CostGraph,
+        devices: &[Device],
+        cands: &[Evaluated],
+        best: usize,
+        report: Report,
+    ) -> Plan {
+        let c = &cands[best];
+        let pl = &c.trial.placement;
+        let seg = &c.trial.seg;
+        let sim = run(g, devices, pl, seg, true);
+
+        let p = g.num_params();
+        let mut param_device = vec![HOST; p];
+        let mut param_prefetch_segment = vec![-1i64; p];
+        let mut param_evict_segment = vec![-1i64; p];
+        let mut param_issue_segment = vec![-1i64; p];
+        for (q, dev) in param_device.iter_mut().enumerate() {
+            *dev = g
                 .param_users(q)
                 .iter()
-                .any(|&u| node_device[u as usize] == a);
+                .map(|&u| u as usize)
+                .filter(|&u| pl.node_device[u] != HOST)
+                .min()
+                .map_or(HOST, |u| pl.node_device[u]);
         }
-        let streamed = evaluate(
-            g,
-            devices,
-            format!("all-on-{}/streamed", dev.name),
-            Placement {
-                node_device: node_device.clone(),
-                param_streamed: used_here,
-            },
-        );
-        let param_streamed = residency::greedy_residency(
-            g,
-            devices,
-            a,
-            &node_device,
-            streamed.sim.peak_bytes[a as usize],
-        );
-        let greedy = if param_streamed == streamed.placement.param_streamed {
-            Evaluated {
-                name: format!("all-on-{}", dev.name),
-                placement: streamed.placement.clone(),
-                seg: streamed.seg.clone(),
-                sim: streamed.sim.clone(),
-                feasible: streamed.feasible,
-                all_streamed: true,
+        for span in &seg.spans {
+            let q = span.param as usize;
+            if span.device == param_device[q] {
+                param_prefetch_segment[q] = i64::from(span.first_segment);
+                param_evict_segment[q] = i64::from(span.last_segment);
+                param_issue_segment[q] = span.issue_segment.map_or(-1, i64::from);
             }
-        } else {
-            evaluate(
-                g,
-                devices,
-                format!("all-on-{}", dev.name),
-                Placement {
-                    node_device,
-                    param_streamed,
-                },
-            )
-        };
-        out.push(greedy);
-        out.push(streamed);
+        }
+        let busy_fraction = sim
+            .busy_fraction()
+            .into_iter()
+            .map(|(r, f)| (r.name(devices), f))
+            .collect();
+
+        Plan {
+            node_device: pl.node_device.clone(),
+            node_segment: seg.node_segment.clone(),
+            segment_device: seg.segment_device.clone(),
+            param_streamed: pl.param_streamed.clone(),
+            param_device,
+            param_prefetch_segment,
+            param_evict_segment,
+            param_issue_segment,
+            predicted_time_s: sim.predicted_time_s,
+            peak_bytes: sim.peak_bytes.clone(),
+            lower_bound_s: sim.lower_bound_s,
+            busy_fraction,
+            candidates: cands
+                .iter()
+                .map(|e| Candidate {
+                    name: e.name.clone(),
+                    family: e.family,
+                    predicted_time_s: e.trial.sim.predicted_time_s,
+                    feasible: e.feasible(),
+                    peak_bytes: e.trial.sim.peak_bytes.clone(),
+                })
+                .collect(),
+            chosen: c.name.clone(),
+            report,
+            plan_hash: self.hash(g, devices, c),
+            timeline: sim.timeline,
+        }
     }
-    if host_compute {
-        out.push(evaluate(
+
+    fn hash(&self, g: &CostGraph, devices: &[Device], chosen: &Evaluated) -> String {
+        let mut h = Fnv1a64::default();
+        h.str("tensortorrent-plan/1");
+        h.f64s(g.node_flops());
+        h.u64s(g.node_out_bytes());
+        h.bools(g.node_host_only());
+        h.u32s(g.input_offsets());
+        h.u32s(g.input_ids());
+        h.u64s(g.param_bytes());
+        h.u32s(g.param_offsets());
+        h.u32s(g.param_users_flat());
+        h.u32s(g.output_ids());
+        h.u64(devices.len() as u64);
+        for d in devices {
+            h.str(&d.name);
+            h.bool(d.is_host);
+            h.f64(d.flops_per_s);
+            h.u64(d.budget_bytes);
+            h.f64(d.h2d_bytes_per_s);
+            h.f64(d.d2h_bytes_per_s);
+            h.f64(d.latency_s);
+        }
+        h.str(self.objective.as_str());
+        h.bool(self.host_compute);
+        // Inputs added later are hashed only when they differ from their
+        // defaults, so that plans made without them keep their hashes.
+        if g.node_bytes_accessed().iter().any(|&b| b > 0) {
+            h.str("node_bytes_accessed");
+            h.u64s(g.node_bytes_accessed());
+        }
+        if g.has_disk_params() {
+            h.str("param_home");
+            for t in g.param_home() {
+                h.str(t.as_str());
+            }
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if d.mem_bytes_per_s.is_finite() || d.disk_bytes_per_s.is_finite() {
+                h.str("rates");
+                h.u64(i as u64);
+                h.f64(d.mem_bytes_per_s);
+                h.f64(d.disk_bytes_per_s);
+            }
+        }
+        if let Some(limit) = self.node_limit {
+            h.str("node_limit");
+            h.u64(limit);
+        }
+        if let Some(limit) = self.time_limit {
+            h.str("time_limit");
+            h.f64(limit.as_secs_f64());
+        }
+        if self.prefetch_depth != 1 {
+            h.str("prefetch_depth");
+            h.u64(u64::from(self.prefetch_depth));
+        }
+        if self.memory_slack.to_bits() != Self::DEFAULT_MEMORY_SLACK.to_bits() {
+            h.str("memory_slack");
+            h.f64(self.memory_slack);
+        }
+        h.str(&chosen.name);
+        h.u32s(&chosen.trial.placement.node_device);
+        h.bools(&chosen.trial.placement.param_streamed);
+        h.hex()
+    }
+}
+
+/// Plans a cost graph over a device list with the default limits: the
+/// same as `Planner::new(objective).with_host_compute(host_compute).run(..)`.
+///
+/// `devices[0]` must be the host; the others are accelerators. With
+/// `host_compute` false, nodes that may leave the host never run there.
+///
+/// # Errors
+/// See [`Planner::run`].
+pub fn plan(
+    graph: &CostGraph,
+    devices: &[Device],
+    objective: Objective,
+    host_compute: bool,
+) -> Result<Plan, PlanError> {
+    Planner::new(objective)
+        .with_host_compute(host_compute)
+        .run(graph, devices)
+}
+
+/// Every node that may leave the host on device `d`.
+fn all_on(g: &CostGraph, d: u32) -> Vec<u32> {
+    g.node_host_only()
+        .iter()
+        .map(|&h| if h { HOST } else { d })
+        .collect()
+}
+
+/// The `single-device` family; runs whatever the limits.
+fn single_device(s: &mut Search) {
+    let g = s.g;
+    for a in 1..s.devices.len() as u32 {
+        let name = &s.devices[a as usize].name;
+        let (greedy_name, streamed_name) =
+            (format!("all-on-{name}"), format!("all-on-{name}/streamed"));
+        let node_device = all_on(g, a);
+        let streamed = s.simulate(Placement::all_streamed(g, node_device.clone()));
+        if s.depth == 1 {
+            let peak = streamed.sim.peak_bytes[a as usize];
+            let flags = residency::greedy_residency(s, a, &node_device, peak);
+            let greedy = Placement::new(g, node_device, flags);
+            if greedy != streamed.placement {
+                let trial = s.simulate(greedy);
+                s.add(greedy_name, Family::SingleDevice, trial, false);
+            }
+        }
+        s.add(streamed_name, Family::SingleDevice, streamed, true);
+    }
+    if s.host_compute {
+        let name = format!("all-on-{}", s.devices[HOST as usize].name);
+        let on_host = vec![HOST; g.num_nodes()];
+        let trial = s.simulate(Placement::new(
             g,
-            devices,
-            format!("all-on-{}", devices[0].name),
-            Placement {
-                node_device: vec![HOST; g.num_nodes()],
-                param_streamed: vec![false; g.num_params()],
-            },
+            on_host.clone(),
+            vec![false; g.num_params()],
         ));
+        s.add(name.clone(), Family::SingleDevice, trial, true);
+        if g.has_disk_params() {
+            let trial = s.simulate(Placement::all_streamed(g, on_host));
+            s.add(
+                format!("{name}/streamed"),
+                Family::SingleDevice,
+                trial,
+                true,
+            );
+        }
     }
-    out
+}
+
+/// The listed all-streamed trial of `node_device`, or a new simulation.
+fn streamed_trial(s: &mut Search, node_device: Vec<u32>) -> Trial {
+    let pl = Placement::all_streamed(s.g, node_device);
+    match s.find(&pl) {
+        Some(i) => s.candidates[i].trial.clone(),
+        None => s.simulate(pl),
+    }
+}
+
+/// The `knapsack` family.
+fn knapsack_family(s: &mut Search) {
+    for a in 1..s.devices.len() as u32 {
+        if s.out_of_time() {
+            return;
+        }
+        let streamed = streamed_trial(s, all_on(s.g, a));
+        if let Some(trial) = knapsack::fit(s, &streamed) {
+            let name = format!("all-on-{}/knapsack", s.devices[a as usize].name);
+            s.add(name, Family::Knapsack, trial, false);
+        }
+    }
+}
+
+/// Lists a DP placement with its residency by knapsack (or everything
+/// streamed when no resident set fits).
+fn add_fitted(s: &mut Search, name: String, family: Family, node_device: Vec<u32>) {
+    if s.out_of_time() {
+        return;
+    }
+    let streamed = streamed_trial(s, node_device);
+    let trial = knapsack::fit(s, &streamed).unwrap_or(streamed);
+    s.add(name, family, trial, false);
+}
+
+/// The `segments` family.
+fn segments_family(s: &mut Search) {
+    let movable = s.movable_devices();
+    if movable.len() < 2 || s.out_of_time() {
+        return;
+    }
+    let g = s.g;
+    let devices = s.devices;
+    // What the budget leaves for resident parameters: the budget less the
+    // peak with everything on the device streamed.
+    let capacity: Vec<u64> = (0..devices.len() as u32)
+        .map(|d| {
+            let headroom = if d == HOST {
+                0
+            } else {
+                s.find(&Placement::all_streamed(g, all_on(g, d)))
+                    .map_or(0, |i| s.candidates[i].trial.sim.peak_bytes[d as usize])
+            };
+            devices[d as usize].budget_bytes.saturating_sub(headroom)
+        })
+        .collect();
+    let costs = dp::Costs::new(g, devices, &vec![false; g.num_params()]);
+    let node_device = dp::place(&costs, &movable, &capacity);
+    add_fitted(s, "segments".into(), Family::Segments, node_device);
+}
+
+/// The `host-stretches` family.
+fn host_stretches(s: &mut Search) {
+    if !s.host_compute {
+        return;
+    }
+    let g = s.g;
+    let devices = s.devices;
+    for a in 1..devices.len() as u32 {
+        if s.out_of_time() {
+            return;
+        }
+        // The fastest feasible candidate with everything on `a`.
+        let on_a = all_on(g, a);
+        let kept = s
+            .candidates
+            .iter()
+            .filter(|c| c.feasible() && c.trial.placement.node_device == on_a)
+            .min_by(|x, y| {
+                x.trial
+                    .sim
+                    .predicted_time_s
+                    .total_cmp(&y.trial.sim.predicted_time_s)
+            });
+        let free: Vec<bool> = (0..g.num_params())
+            .map(|q| {
+                kept.is_some_and(|c| {
+                    !c.trial.placement.param_streamed[q]
+                        && g.param_users(q).iter().any(|&u| on_a[u as usize] == a)
+                })
+            })
+            .collect();
+        let costs = dp::Costs::new(g, devices, &free);
+        let node_device = dp::place(&costs, &[HOST, a], &vec![0; devices.len()]);
+        let streamed: Vec<bool> = free.iter().map(|&f| !f).collect();
+        let trial = s.simulate(Placement::new(g, node_device, streamed));
+        let name = format!("host-stretches/{}", devices[a as usize].name);
+        s.add(name, Family::HostStretches, trial, false);
+    }
+}
+
+/// How local search compares simulated placements: fitting first, then
+/// the objective. Times within a relative 1e-9 count as equal, so that
+/// rounding never passes for an improvement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Score {
+    shortfall: u128,
+    /// Seconds over the memory objective's time cap (0 otherwise).
+    excess_s: f64,
+    /// The memory objective's accelerator peak (0 otherwise).
+    memory: u64,
+    time_s: f64,
+}
+
+fn cmp_time(a: f64, b: f64) -> Ordering {
+    if (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) {
+        Ordering::Equal
+    } else {
+        a.total_cmp(&b)
+    }
+}
+
+impl Score {
+    fn compare(&self, other: &Self) -> Ordering {
+        self.shortfall
+            .cmp(&other.shortfall)
+            .then(cmp_time(self.excess_s, other.excess_s))
+            .then(self.memory.cmp(&other.memory))
+            .then(cmp_time(self.time_s, other.time_s))
+    }
+
+    pub(crate) fn better_than(&self, other: &Self) -> bool {
+        self.compare(other) == Ordering::Less
+    }
+}
+
+struct Goal {
+    objective: Objective,
+    /// The memory objective's time cap.
+    time_cap: f64,
+}
+
+impl Goal {
+    fn score(&self, shortfall: u128, sim: &Simulation) -> Score {
+        let time_s = sim.predicted_time_s;
+        match self.objective {
+            Objective::Latency | Objective::Throughput => Score {
+                shortfall,
+                excess_s: 0.0,
+                memory: 0,
+                time_s,
+            },
+            Objective::Memory => Score {
+                shortfall,
+                excess_s: if time_s > self.time_cap {
+                    time_s - self.time_cap
+                } else {
+                    0.0
+                },
+                memory: accelerator_peak(sim),
+                time_s,
+            },
+        }
+    }
+}
+
+fn accelerator_peak(sim: &Simulation) -> u64 {
+    sim.peak_bytes.iter().skip(1).copied().max().unwrap_or(0)
 }
 
 /// Index of the candidate the objective prefers, if any is feasible.
-fn choose(cands: &[Evaluated], objective: Objective) -> Option<usize> {
-    let feasible = || cands.iter().enumerate().filter(|(_, c)| c.feasible);
+fn choose(cands: &[Evaluated], objective: Objective, slack: f64) -> Option<usize> {
+    let feasible = || cands.iter().enumerate().filter(|(_, c)| c.feasible());
+    let time = |c: &Evaluated| c.trial.sim.predicted_time_s;
     let fastest = feasible()
-        .min_by(|(_, a), (_, b)| a.sim.predicted_time_s.total_cmp(&b.sim.predicted_time_s))
+        .min_by(|(_, a), (_, b)| time(a).total_cmp(&time(b)))
         .map(|(i, _)| i)?;
     match objective {
         Objective::Latency | Objective::Throughput => Some(fastest),
         Objective::Memory => {
-            let limit = 1.10 * cands[fastest].sim.predicted_time_s;
-            let acc_peak =
-                |c: &Evaluated| c.sim.peak_bytes.iter().skip(1).copied().max().unwrap_or(0);
+            let limit = (1.0 + slack) * time(&cands[fastest]);
             feasible()
-                .filter(|(_, c)| c.sim.predicted_time_s <= limit)
+                .filter(|(_, c)| time(c) <= limit)
                 .min_by(|(i, a), (j, b)| {
-                    acc_peak(a)
-                        .cmp(&acc_peak(b))
-                        .then(a.sim.predicted_time_s.total_cmp(&b.sim.predicted_time_s))
+                    accelerator_peak(&a.trial.sim)
+                        .cmp(&accelerator_peak(&b.trial.sim))
+                        .then(time(a).total_cmp(&time(b)))
                         .then(i.cmp(j))
                 })
                 .map(|(i, _)| i)
@@ -261,7 +796,15 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
 
 fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> PlanError {
     let mut fixes = Vec::new();
-    if cands.is_empty() {
+    // Only a candidate whose placement ignores the budgets is sure to come
+    // back, and fit, once the budgets are raised to its peaks.
+    let lenient = cands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.budget_free)
+        .min_by_key(|&(i, c)| (c.shortfall, i))
+        .map(|(_, c)| c);
+    let Some(lenient) = lenient else {
         if !host_compute {
             fixes.push("allow host compute".to_string());
         }
@@ -274,33 +817,13 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
             ),
             min_budgets: Vec::new(),
         };
-    }
-    let shortfall = |c: &Evaluated| -> u128 {
-        c.sim
-            .peak_bytes
-            .iter()
-            .zip(devices)
-            .map(|(&p, d)| u128::from(p.saturating_sub(d.budget_bytes)))
-            .sum()
     };
-    // A greedy candidate that streams everything is its `/streamed` sibling
-    // under a less telling name.
-    let lenient = cands
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.all_streamed)
-        .min_by_key(|&(i, c)| (shortfall(c), i))
-        .map(|(_, c)| c)
-        .expect("candidates are not empty");
     let mut min_budgets = Vec::new();
     let mut needs = Vec::new();
-    for (&peak, dev) in lenient.sim.peak_bytes.iter().zip(devices) {
+    for (&peak, dev) in lenient.trial.sim.peak_bytes.iter().zip(devices) {
         if peak <= dev.budget_bytes {
             continue;
         }
-        // An accelerator can only be over budget in `all-on-<it>` when its
-        // greedy kept everything streamed, or in `all-on-<it>/streamed`: either
-        // way this peak is the all-streamed peak there.
         min_budgets.push((dev.name.clone(), peak));
         needs.push(format!(
             "{} needs at least {} (budget is {})",
@@ -327,109 +850,6 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
         ),
         min_budgets,
     }
-}
-
-fn plan_hash(
-    g: &CostGraph,
-    devices: &[Device],
-    objective: Objective,
-    host_compute: bool,
-    chosen: &Evaluated,
-) -> String {
-    let mut h = Fnv1a64::default();
-    h.str("tensortorrent-plan/1");
-    h.f64s(g.node_flops());
-    h.u64s(g.node_out_bytes());
-    h.bools(g.node_host_only());
-    h.u32s(g.input_offsets());
-    h.u32s(g.input_ids());
-    h.u64s(g.param_bytes());
-    h.u32s(g.param_offsets());
-    h.u32s(g.param_users_flat());
-    h.u32s(g.output_ids());
-    h.u64(devices.len() as u64);
-    for d in devices {
-        h.str(&d.name);
-        h.bool(d.is_host);
-        h.f64(d.flops_per_s);
-        h.u64(d.budget_bytes);
-        h.f64(d.h2d_bytes_per_s);
-        h.f64(d.d2h_bytes_per_s);
-        h.f64(d.latency_s);
-    }
-    h.str(objective.as_str());
-    h.bool(host_compute);
-    h.str(&chosen.name);
-    h.u32s(&chosen.placement.node_device);
-    h.bools(&chosen.placement.param_streamed);
-    h.hex()
-}
-
-/// Plans a cost graph over a device list.
-///
-/// `devices[0]` must be the host; the others are accelerators. With
-/// `host_compute` false, nodes that may leave the host never run there.
-///
-/// # Errors
-/// * [`PlanError::InvalidDevices`] for a malformed device list;
-/// * [`PlanError::Infeasible`] when no candidate fits the budgets, with the
-///   smallest budgets that would make one fit.
-pub fn plan(
-    graph: &CostGraph,
-    devices: &[Device],
-    objective: Objective,
-    host_compute: bool,
-) -> Result<Plan, PlanError> {
-    validate_devices(devices)?;
-    let cands = candidates(graph, devices, host_compute);
-    let Some(best) = choose(&cands, objective) else {
-        return Err(infeasible(&cands, devices, host_compute));
-    };
-    let c = &cands[best];
-
-    let p = graph.num_params();
-    let mut param_device = vec![HOST; p];
-    let mut param_prefetch_segment = vec![-1i64; p];
-    let mut param_evict_segment = vec![-1i64; p];
-    for (q, dev) in param_device.iter_mut().enumerate() {
-        *dev = graph
-            .param_users(q)
-            .iter()
-            .map(|&u| u as usize)
-            .filter(|&u| c.placement.node_device[u] != HOST)
-            .min()
-            .map_or(HOST, |u| c.placement.node_device[u]);
-    }
-    for span in &c.seg.spans {
-        let q = span.param as usize;
-        if span.device == param_device[q] {
-            param_prefetch_segment[q] = i64::from(span.first_segment);
-            param_evict_segment[q] = i64::from(span.last_segment);
-        }
-    }
-
-    Ok(Plan {
-        node_device: c.placement.node_device.clone(),
-        node_segment: c.seg.node_segment.clone(),
-        segment_device: c.seg.segment_device.clone(),
-        param_streamed: c.placement.param_streamed.clone(),
-        param_device,
-        param_prefetch_segment,
-        param_evict_segment,
-        predicted_time_s: c.sim.predicted_time_s,
-        peak_bytes: c.sim.peak_bytes.clone(),
-        candidates: cands
-            .iter()
-            .map(|e| Candidate {
-                name: e.name.clone(),
-                predicted_time_s: e.sim.predicted_time_s,
-                feasible: e.feasible,
-                peak_bytes: e.sim.peak_bytes.clone(),
-            })
-            .collect(),
-        chosen: c.name.clone(),
-        plan_hash: plan_hash(graph, devices, objective, host_compute, c),
-    })
 }
 
 #[cfg(test)]
@@ -460,5 +880,23 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    #[test]
+    fn rounding_is_not_an_improvement() {
+        let at = |time_s: f64| Score {
+            shortfall: 0,
+            excess_s: 0.0,
+            memory: 0,
+            time_s,
+        };
+        assert!(!at(1.0 - 1e-12).better_than(&at(1.0)));
+        assert!(at(0.999).better_than(&at(1.0)));
+        assert!(!at(f64::INFINITY).better_than(&at(f64::INFINITY)));
+        let over = Score {
+            shortfall: 1,
+            ..at(0.0)
+        };
+        assert!(at(5.0).better_than(&over));
     }
 }

@@ -9,7 +9,10 @@
 //! The bounds rest on the simulation's model (see `crate::simulate`):
 //! * streamed buffers live from the start of the segment before their first
 //!   using segment (time 0 for the first) to the end of their last, so the
-//!   buffers alive during a segment follow from segment ordinals alone;
+//!   buffers alive during a segment follow from segment ordinals alone (a
+//!   prefetch depth of 1, a double buffer: with deeper prefetch, merging two
+//!   segments moves other buffers' starts earlier and the bounds fail, so
+//!   the planner runs this greedy only at depth 1);
 //! * a value lives at least from its creation to its last consumer's finish,
 //!   and at most to its last consumer's finish when that consumer is in the
 //!   producer's segment, else to the end of the last consumer's segment (or
@@ -24,10 +27,9 @@
 //! finest of all. So a batch within budget means that the one-by-one greedy
 //! accepts each member.
 
-use crate::device::Device;
 use crate::graph::CostGraph;
-use crate::plan::segments::{segment, Placement};
-use crate::simulate::simulate;
+use crate::plan::search::Search;
+use crate::plan::segments::Placement;
 
 /// One value that may live on the accelerator.
 #[derive(Debug, Clone, Copy)]
@@ -416,19 +418,20 @@ fn clamp(v: i128) -> u64 {
     u64::try_from(v.max(0)).unwrap_or(u64::MAX)
 }
 
-/// Chooses which parameters used on accelerator `acc` are streamed.
+/// Chooses which parameters used on accelerator `acc` are streamed, for a
+/// prefetch depth of 1.
 ///
 /// Starts from everything streamed (whose peak on `acc` is `streamed_peak`);
 /// if that fits, visits the parameters in order of first use (ties by index)
 /// and makes each resident when the placement stays within `acc`'s budget.
 pub(crate) fn greedy_residency(
-    g: &CostGraph,
-    devices: &[Device],
+    search: &mut Search,
     acc: u32,
     node_device: &[u32],
     streamed_peak: u64,
 ) -> Vec<bool> {
-    let budget = devices[acc as usize].budget_bytes;
+    let g = search.g;
+    let budget = search.devices[acc as usize].budget_bytes;
     let p = g.num_params();
     let first_use: Vec<u32> = (0..p)
         .map(|q| {
@@ -445,6 +448,7 @@ pub(crate) fn greedy_residency(
         return streamed;
     }
     let bytes = g.param_bytes();
+    debug_assert_eq!(search.depth, 1, "the bounds hold for a double buffer");
     let mut bounds = Bounds::new(g, node_device, acc);
     let mut order: Vec<u32> = (0..p as u32).filter(|&q| streamed[q as usize]).collect();
     order.sort_unstable_by_key(|&q| (first_use[q as usize], q));
@@ -496,12 +500,8 @@ pub(crate) fn greedy_residency(
         } else if with_q.saturating_add(lower) > budget {
             false
         } else {
-            let pl = Placement {
-                node_device: node_device.to_vec(),
-                param_streamed: streamed.clone(),
-            };
-            let seg = segment(g, &pl);
-            simulate(g, devices, &pl, &seg).peak_bytes[acc as usize] <= budget
+            let pl = Placement::new(g, node_device.to_vec(), streamed.clone());
+            search.simulate(pl).sim.peak_bytes[acc as usize] <= budget
         };
         if accept {
             resident = with_q;
@@ -517,7 +517,9 @@ pub(crate) fn greedy_residency(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::segments::HOST;
+    use crate::device::Device;
+    use crate::plan::segments::{segment, HOST};
+    use crate::simulate::run;
 
     struct Rng(u64);
 
@@ -583,24 +585,16 @@ mod tests {
 
     fn devices(rng: &mut Rng, budget: u64) -> Vec<Device> {
         let rate = |rng: &mut Rng| 1e5 * (1 + rng.below(1000)) as f64;
-        let host = Device {
-            name: "cpu".into(),
-            is_host: true,
-            flops_per_s: 1e9,
-            budget_bytes: u64::MAX,
-            h2d_bytes_per_s: 0.0,
-            d2h_bytes_per_s: 0.0,
-            latency_s: 1e-6,
-        };
-        let acc = Device {
-            name: "acc".into(),
-            is_host: false,
-            flops_per_s: rate(rng) * 1e4,
-            budget_bytes: budget,
-            h2d_bytes_per_s: rate(rng),
-            d2h_bytes_per_s: rate(rng),
-            latency_s: 1e-6 * rng.below(3) as f64,
-        };
+        let host = Device::new("cpu", true, 1e9, u64::MAX, 0.0, 0.0, 1e-6);
+        let acc = Device::new(
+            "acc",
+            false,
+            rate(rng) * 1e4,
+            budget,
+            rate(rng),
+            rate(rng),
+            1e-6 * rng.below(3) as f64,
+        );
         vec![host, acc]
     }
 
@@ -612,11 +606,8 @@ mod tests {
     }
 
     fn peak(g: &CostGraph, devices: &[Device], node_device: &[u32], streamed: &[bool]) -> u64 {
-        let pl = Placement {
-            node_device: node_device.to_vec(),
-            param_streamed: streamed.to_vec(),
-        };
-        simulate(g, devices, &pl, &segment(g, &pl)).peak_bytes[1]
+        let pl = Placement::new(g, node_device.to_vec(), streamed.to_vec());
+        run(g, devices, &pl, &segment(g, &pl, 1), false).peak_bytes[1]
     }
 
     /// The lower bound is below the simulated peak of the evaluated
@@ -774,7 +765,8 @@ mod tests {
             let mut devices = probe;
             devices[1].budget_bytes = budget;
 
-            let fast = greedy_residency(&g, &devices, 1, &node_device, low);
+            let mut search = Search::new(&g, &devices, false, 1, u64::MAX, None);
+            let fast = greedy_residency(&mut search, 1, &node_device, low);
             let mut plain = used.clone();
             let mut order: Vec<usize> = (0..g.num_params()).filter(|&q| used[q]).collect();
             let first = |q: usize| {

@@ -1,21 +1,61 @@
 //! Placements and their segments.
 
-use crate::graph::CostGraph;
+use crate::graph::{CostGraph, Tier};
 
 /// The host's index in every device list.
 pub(crate) const HOST: u32 = 0;
 
 /// Where each node runs and which parameters are streamed.
 ///
-/// A parameter that is not streamed is resident on every accelerator whose
-/// nodes use it. Parameters used only by host nodes are never streamed.
+/// A parameter that is not streamed is resident on every device whose nodes
+/// use it for the whole run (loaded before the run; the host holds every
+/// parameter whose home is the host anyway). A streamed parameter is copied
+/// to each device using it before its first using segment there and dropped
+/// after its last. Only parameters used on an accelerator, or whose home is
+/// disk, can be streamed: [`Placement::new`] clears the other flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placement {
     pub(crate) node_device: Vec<u32>,
     pub(crate) param_streamed: Vec<bool>,
 }
 
-/// The stay of one streamed parameter on one accelerator: prefetched for its
+impl Placement {
+    /// A placement whose streaming flags are cleared where streaming means
+    /// nothing.
+    pub(crate) fn new(g: &CostGraph, node_device: Vec<u32>, mut param_streamed: Vec<bool>) -> Self {
+        for (q, s) in param_streamed.iter_mut().enumerate() {
+            *s = *s && streamable(g, &node_device, q);
+        }
+        Self {
+            node_device,
+            param_streamed,
+        }
+    }
+
+    /// The placement with every streamable parameter streamed.
+    pub(crate) fn all_streamed(g: &CostGraph, node_device: Vec<u32>) -> Self {
+        let p = g.num_params();
+        Self::new(g, node_device, vec![true; p])
+    }
+}
+
+/// Whether `q` can be streamed under `node_device`: an accelerator uses it,
+/// or its home is disk and some node uses it.
+pub(crate) fn streamable(g: &CostGraph, node_device: &[u32], q: usize) -> bool {
+    let users = g.param_users(q);
+    match g.param_home()[q] {
+        Tier::Disk => !users.is_empty(),
+        Tier::Host => users.iter().any(|&u| node_device[u as usize] != HOST),
+    }
+}
+
+/// Whether a streamed `q` is copied to `device` when a node there uses it:
+/// always on accelerators, on the host only from disk.
+pub(crate) fn streams_to(g: &CostGraph, q: usize, device: u32) -> bool {
+    device != HOST || g.param_home()[q] == Tier::Disk
+}
+
+/// The stay of one streamed parameter on one device: prefetched for its
 /// first using segment there, evicted after its last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamSpan {
@@ -23,8 +63,9 @@ pub(crate) struct StreamSpan {
     pub(crate) device: u32,
     pub(crate) first_segment: u32,
     pub(crate) last_segment: u32,
-    /// The segment whose start issues the prefetch: the previous segment on
-    /// the same device, or `None` for "at time 0".
+    /// The segment whose start issues the prefetch: the segment `depth`
+    /// places before `first_segment` among those on the same device, or
+    /// `None` for "at time 0".
     pub(crate) issue_segment: Option<u32>,
 }
 
@@ -40,16 +81,20 @@ pub(crate) struct Segmentation {
     pub(crate) spans: Vec<StreamSpan>,
 }
 
-/// Whether `node` (placed on `device`) uses a streamed parameter.
+/// Whether `node` (placed on `device`) uses a parameter streamed to `device`.
 pub(crate) fn uses_streamed(g: &CostGraph, streamed: &[bool], node: usize, device: u32) -> bool {
-    device != HOST && g.node_params(node).iter().any(|&q| streamed[q as usize])
+    g.node_params(node)
+        .iter()
+        .any(|&q| streamed[q as usize] && streams_to(g, q as usize, device))
 }
 
 /// Cuts the nodes into segments: maximal runs of consecutive nodes on one
-/// device, additionally cut on accelerators so that a node using a streamed
-/// parameter starts a new segment when the current segment already holds a
-/// node using a streamed parameter.
-pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
+/// device, additionally cut so that a node using a streamed parameter
+/// starts a new segment when the current segment already holds a node using
+/// a streamed parameter. A streamed parameter's prefetch is issued when the
+/// segment `depth` places before its first using segment on that device
+/// starts (`depth` is at least 1; with 1, the buffers form a double buffer).
+pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation {
     let n = g.num_nodes();
     let mut node_segment = Vec::with_capacity(n);
     let mut segment_device: Vec<u32> = Vec::new();
@@ -75,20 +120,21 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
         node_segment.push(s as u32);
     }
 
-    // Previous segment on the same device.
+    // The segment `depth` places earlier on the same device.
     let num_devices = segment_device
         .iter()
         .map(|&d| d as usize + 1)
         .max()
         .unwrap_or(1);
-    let mut last_on_device: Vec<Option<u32>> = vec![None; num_devices];
-    let mut prev_on_device = Vec::with_capacity(segment_device.len());
+    let mut on_device: Vec<Vec<u32>> = vec![Vec::new(); num_devices];
+    let mut issue_of = Vec::with_capacity(segment_device.len());
     for (s, &d) in segment_device.iter().enumerate() {
-        prev_on_device.push(last_on_device[d as usize]);
-        last_on_device[d as usize] = Some(s as u32);
+        let list = &mut on_device[d as usize];
+        issue_of.push(list.len().checked_sub(depth as usize).map(|k| list[k]));
+        list.push(s as u32);
     }
 
-    // Streaming spans: one per (streamed param, accelerator using it).
+    // Streaming spans: one per (streamed param, device it streams to).
     let mut spans = Vec::new();
     let mut seen: Vec<(u32, u32, u32)> = Vec::new(); // (device, first, last)
     for q in 0..g.num_params() {
@@ -98,7 +144,7 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
         seen.clear();
         for &u in g.param_users(q) {
             let dev = pl.node_device[u as usize];
-            if dev == HOST {
+            if !streams_to(g, q, dev) {
                 continue;
             }
             let at = node_segment[u as usize];
@@ -116,7 +162,7 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement) -> Segmentation {
                 device,
                 first_segment,
                 last_segment,
-                issue_segment: prev_on_device[first_segment as usize],
+                issue_segment: issue_of[first_segment as usize],
             });
         }
     }

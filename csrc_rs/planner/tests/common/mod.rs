@@ -89,27 +89,11 @@ pub fn mlp(layers: usize, weight: u64, act: u64, flops: f64, relu: bool) -> Cost
 }
 
 pub fn host(budget: u64) -> Device {
-    Device {
-        name: "cpu".into(),
-        is_host: true,
-        flops_per_s: 1e10,
-        budget_bytes: budget,
-        h2d_bytes_per_s: 0.0,
-        d2h_bytes_per_s: 0.0,
-        latency_s: 1e-6,
-    }
+    Device::new("cpu", true, 1e10, budget, 0.0, 0.0, 1e-6)
 }
 
 pub fn accelerator(name: &str, budget: u64) -> Device {
-    Device {
-        name: name.into(),
-        is_host: false,
-        flops_per_s: 1e12,
-        budget_bytes: budget,
-        h2d_bytes_per_s: 1e10,
-        d2h_bytes_per_s: 1e10,
-        latency_s: 1e-6,
-    }
+    Device::new(name, false, 1e12, budget, 1e10, 1e10, 1e-6)
 }
 
 /// Host with a large budget plus one accelerator `virtual:0`.

@@ -1,0 +1,727 @@
+//! Discrete-event simulation of one placement: time, memory and resources.
+//!
+//! The model, in short:
+//! * one compute queue per device; nodes run in topological order, a node
+//!   starting when its device is free, its inputs are on its device and its
+//!   segment's prefetches have arrived; it takes
+//!   `max(flops / flops_per_s, bytes_accessed / mem_bytes_per_s) + latency`;
+//! * one host-to-device and one device-to-host copy engine per accelerator,
+//!   and one disk reader into host memory, each first-in first-out in
+//!   program order;
+//! * a value needed on another device is copied once per (producer, device)
+//!   as soon as it is produced (accelerator to accelerator goes through a host
+//!   staging copy); graph outputs made on an accelerator are copied back at
+//!   the end, once every node has finished;
+//! * streamed parameters are prefetched when the segment `depth` places
+//!   before their first using segment on their device starts (at time 0 when
+//!   there is none) and evicted after their last using segment; a parameter
+//!   whose home is disk is first read into a host staging buffer (freed once
+//!   copied on), or straight into host memory for host nodes. Resident
+//!   parameters occupy their devices for the whole run; the host holds every
+//!   parameter whose home is the host;
+//! * a value lives on a device from its creation (node start or copy start)
+//!   until its last consumer there is done and its copies out completed. A
+//!   consumer in the producer's own segment is done when it finishes; any
+//!   other consumer holds the value until its whole segment finishes (a
+//!   segment runs as one call that keeps its arguments). Graph outputs on the
+//!   host live to the end.
+//!
+//! Memory events are ordered by time, then by the order in which the
+//! simulation produced them (which follows causality for equal times).
+
+mod timeline;
+
+pub use timeline::{Activity, Record, Resource};
+
+use crate::device::{validate_devices, Device};
+use crate::error::PlanError;
+use crate::graph::{CostGraph, Tier};
+use crate::plan::{segment, Placement, Segmentation, HOST};
+
+/// What one simulation measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Simulation {
+    /// Time at which the last graph output is on the host (the makespan of
+    /// the nodes when the graph has no outputs), in seconds.
+    pub predicted_time_s: f64,
+    /// Highest memory use of each device over the run, in bytes (the host's
+    /// is the host-memory tier; parameters whose home is disk are not
+    /// counted until read).
+    pub peak_bytes: Vec<u64>,
+    /// Seconds of work queued on each resource, its work over its rate: the
+    /// compute queues in device order, then each accelerator's host-to-device
+    /// and device-to-host copy engines, then the disk when a parameter's
+    /// home is disk.
+    pub busy_s: Vec<(Resource, f64)>,
+    /// The most busy resource's seconds of work: no schedule of this
+    /// placement's work finishes sooner.
+    pub lower_bound_s: f64,
+    /// Every piece of work, in the order the simulation issued it (empty
+    /// unless requested).
+    pub timeline: Vec<Record>,
+    /// Per segment: how long its first node waited for the segment's
+    /// prefetches once everything else was ready.
+    pub(crate) prefetch_wait_s: Vec<f64>,
+}
+
+impl Simulation {
+    /// Fraction of the predicted time each resource is busy (0 when the
+    /// predicted time is 0 or infinite).
+    #[must_use]
+    pub fn busy_fraction(&self) -> Vec<(Resource, f64)> {
+        let t = self.predicted_time_s;
+        self.busy_s
+            .iter()
+            .map(|&(r, busy)| {
+                let f = if t > 0.0 && t.is_finite() {
+                    busy / t
+                } else {
+                    0.0
+                };
+                (r, f)
+            })
+            .collect()
+    }
+}
+
+/// Simulates one placement of `graph` on `devices`.
+///
+/// `node_device` gives each node's device index; `param_streamed` whether
+/// each parameter is streamed (ignored for parameters no accelerator uses
+/// unless their home is disk); `prefetch_depth` (at least 1) how many
+/// segments ahead on its device a streamed parameter is prefetched. The
+/// timeline is recorded.
+///
+/// # Errors
+/// * [`PlanError::InvalidDevices`] for a malformed device list;
+/// * [`PlanError::InvalidPlacement`] for wrong lengths, unknown devices or a
+///   host-only node placed elsewhere;
+/// * [`PlanError::InvalidOptions`] for a prefetch depth of 0.
+pub fn simulate(
+    graph: &CostGraph,
+    devices: &[Device],
+    node_device: &[u32],
+    param_streamed: &[bool],
+    prefetch_depth: u32,
+) -> Result<Simulation, PlanError> {
+    validate_devices(devices)?;
+    check_depth(prefetch_depth)?;
+    let placement = checked_placement(graph, devices, node_device, param_streamed)?;
+    let seg = segment(graph, &placement, prefetch_depth);
+    Ok(run(graph, devices, &placement, &seg, true))
+}
+
+/// Checks a prefetch depth (at least 1).
+pub(crate) fn check_depth(depth: u32) -> Result<(), PlanError> {
+    if depth == 0 {
+        return Err(PlanError::InvalidOptions(
+            "prefetch_depth is 0; it must be at least 1 (1 is a double buffer)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a placement given from outside and normalizes its flags.
+pub(crate) fn checked_placement(
+    g: &CostGraph,
+    devices: &[Device],
+    node_device: &[u32],
+    param_streamed: &[bool],
+) -> Result<Placement, PlanError> {
+    let invalid = PlanError::InvalidPlacement;
+    if node_device.len() != g.num_nodes() {
+        return Err(invalid(format!(
+            "node_device has {} entries but the graph has {} nodes",
+            node_device.len(),
+            g.num_nodes()
+        )));
+    }
+    if param_streamed.len() != g.num_params() {
+        return Err(invalid(format!(
+            "param_streamed has {} entries but the graph has {} params",
+            param_streamed.len(),
+            g.num_params()
+        )));
+    }
+    for (v, &d) in node_device.iter().enumerate() {
+        if d as usize >= devices.len() {
+            return Err(invalid(format!(
+                "node_device[{v}] = {d} is out of range for {} devices",
+                devices.len()
+            )));
+        }
+        if g.node_host_only()[v] && d != HOST {
+            return Err(invalid(format!(
+                "node {v} is host-only but node_device[{v}] = {d} ({:?})",
+                devices[d as usize].name
+            )));
+        }
+    }
+    Ok(Placement::new(
+        g,
+        node_device.to_vec(),
+        param_streamed.to_vec(),
+    ))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    time_bits: u64,
+    seq: u64,
+    bytes: u64,
+    alloc: bool,
+}
+
+/// One copy of a value on one device.
+#[derive(Debug, Clone, Copy)]
+struct Instance {
+    device: u32,
+    bytes: u64,
+    ready: f64,
+    /// Releases still to come: one per consumer in the producing segment,
+    /// one per other consuming segment, one for a final copy to the host.
+    remaining: u32,
+    /// Completion of the latest copy made from this instance.
+    floor: f64,
+    /// Never freed (a graph output on the host).
+    keep: bool,
+    /// Segment of the producer for its own instance; `u32::MAX` for copies.
+    segment: u32,
+    /// Last consuming segment (plus one) already waiting to release this.
+    pending_in: u32,
+}
+
+struct Memory {
+    events: Vec<Vec<Event>>,
+    seq: u64,
+}
+
+impl Memory {
+    fn push(&mut self, device: u32, time: f64, bytes: u64, alloc: bool) {
+        debug_assert!(time >= 0.0, "times are never negative or NaN");
+        // Adding 0.0 folds -0.0 into +0.0 so bit order matches numeric order.
+        let time_bits = (time + 0.0).to_bits();
+        self.events[device as usize].push(Event {
+            time_bits,
+            seq: self.seq,
+            bytes,
+            alloc,
+        });
+        self.seq += 1;
+    }
+
+    fn release(&mut self, inst: &Instance, at: f64) {
+        if !inst.keep {
+            self.push(inst.device, at.max(inst.floor), inst.bytes, false);
+        }
+    }
+
+    /// Peak of each device: `base` plus the highest sum of live events.
+    fn peaks(&mut self, base: &[u128]) -> Vec<u64> {
+        self.events
+            .iter_mut()
+            .zip(base)
+            .map(|(events, &base)| {
+                events.sort_unstable_by_key(|e| (e.time_bits, e.seq));
+                let mut live = base;
+                let mut peak = base;
+                for e in events.iter() {
+                    if e.alloc {
+                        live += u128::from(e.bytes);
+                        peak = peak.max(live);
+                    } else {
+                        live = live.saturating_sub(u128::from(e.bytes));
+                    }
+                }
+                u64::try_from(peak).unwrap_or(u64::MAX)
+            })
+            .collect()
+    }
+}
+
+/// The resources' queues: when each is next free, its busy seconds, and
+/// the timeline when one is recorded.
+struct Queues {
+    num_devices: usize,
+    free: Vec<f64>,
+    busy: Vec<f64>,
+    timeline: Option<Vec<Record>>,
+}
+
+impl Queues {
+    fn new(num_devices: usize, record: bool) -> Self {
+        let slots = 3 * num_devices - 1;
+        Self {
+            num_devices,
+            free: vec![0.0; slots],
+            busy: vec![0.0; slots],
+            timeline: record.then(Vec::new),
+        }
+    }
+
+    /// Index of a resource in the order of [`Resource::all`].
+    fn slot(&self, r: Resource) -> usize {
+        let nd = self.num_devices;
+        match r {
+            Resource::Compute(d) => d as usize,
+            Resource::HostToDevice(a) => nd + 2 * (a as usize - 1),
+            Resource::DeviceToHost(a) => nd + 2 * (a as usize - 1) + 1,
+            Resource::Disk => 3 * nd - 2,
+        }
+    }
+
+    fn free_at(&self, r: Resource) -> f64 {
+        self.free[self.slot(r)]
+    }
+
+    /// Queues `seconds` of work on `r` no earlier than `issue`; returns
+    /// its (start, end).
+    fn run(
+        &mut self,
+        r: Resource,
+        issue: f64,
+        seconds: f64,
+        activity: Activity,
+        index: u32,
+    ) -> (f64, f64) {
+        let k = self.slot(r);
+        let start = issue.max(self.free[k]);
+        let end = start + seconds;
+        self.free[k] = end;
+        self.busy[k] += seconds;
+        if let Some(t) = &mut self.timeline {
+            t.push(Record {
+                resource: r,
+                activity,
+                index,
+                start_s: start,
+                end_s: end,
+            });
+        }
+        (start, end)
+    }
+}
+
+/// Buffers a simulation reuses from one run to the next.
+#[derive(Default)]
+pub(crate) struct Workspace {
+    base: Vec<u128>,
+    stamp: Vec<usize>,
+    issue_offsets: Vec<u32>,
+    issue_ids: Vec<u32>,
+    evict_offsets: Vec<u32>,
+    evict_ids: Vec<u32>,
+    initial: Vec<u32>,
+    events: Vec<Vec<Event>>,
+    seg_ready: Vec<f64>,
+    instances: Vec<Instance>,
+    node_inst: Vec<usize>,
+    input_stamp: Vec<u32>,
+    pending: Vec<usize>,
+    same_segment: Vec<u32>,
+    other_segments: Vec<u32>,
+    last_segment: Vec<u32>,
+    consumer_devices: Vec<u32>,
+}
+
+/// Groups span ids by a segment key into CSR arrays (ids ascending).
+fn group_by_segment(
+    num_segments: usize,
+    keys: impl Iterator<Item = Option<u32>> + Clone,
+    offsets: &mut Vec<u32>,
+    ids: &mut Vec<u32>,
+) {
+    offsets.clear();
+    offsets.resize(num_segments + 2, 0);
+    for s in keys.clone().flatten() {
+        offsets[s as usize + 2] += 1;
+    }
+    for k in 2..offsets.len() {
+        offsets[k] += offsets[k - 1];
+    }
+    ids.clear();
+    ids.resize(offsets[num_segments + 1] as usize, 0);
+    for (k, key) in keys.enumerate() {
+        if let Some(s) = key {
+            let slot = &mut offsets[s as usize + 1];
+            ids[*slot as usize] = k as u32;
+            *slot += 1;
+        }
+    }
+    offsets.truncate(num_segments + 1);
+}
+
+/// The ids grouped under segment `s`.
+fn group<'a>(offsets: &[u32], ids: &'a [u32], s: usize) -> &'a [u32] {
+    &ids[offsets[s] as usize..offsets[s + 1] as usize]
+}
+
+/// Simulates one placement with its segmentation; records the timeline
+/// when `record`.
+pub(crate) fn run(
+    g: &CostGraph,
+    devices: &[Device],
+    pl: &Placement,
+    seg: &Segmentation,
+    record: bool,
+) -> Simulation {
+    Workspace::default().run(g, devices, pl, seg, record)
+}
+
+impl Workspace {
+    /// Simulates one placement with its segmentation; records the timeline
+    /// when `record`.
+    pub(crate) fn run(
+        &mut self,
+        g: &CostGraph,
+        devices: &[Device],
+        pl: &Placement,
+        seg: &Segmentation,
+        record: bool,
+    ) -> Simulation {
+        let n = g.num_nodes();
+        let nd = devices.len();
+        let num_segments = seg.segment_device.len();
+        let bytes_of = g.param_bytes();
+        let home = g.param_home();
+        let disk_rate = devices[HOST as usize].disk_bytes_per_s;
+
+        // Constant memory: every param whose home is the host on the host,
+        // each resident param on each other device that uses it (and on the
+        // host when it comes from disk).
+        let base = &mut self.base;
+        let stamp = &mut self.stamp;
+        base.clear();
+        base.resize(nd, 0);
+        stamp.clear();
+        stamp.resize(nd, usize::MAX);
+        for q in 0..g.num_params() {
+            let bytes = u128::from(bytes_of[q]);
+            if home[q] == Tier::Host {
+                base[HOST as usize] += bytes;
+                stamp[HOST as usize] = q;
+            }
+            if pl.param_streamed[q] {
+                continue;
+            }
+            for &u in g.param_users(q) {
+                let d = pl.node_device[u as usize] as usize;
+                if stamp[d] != q {
+                    stamp[d] = q;
+                    base[d] += bytes;
+                }
+            }
+        }
+
+        // Spans grouped by the segment that issues them and the one ending them.
+        group_by_segment(
+            num_segments,
+            seg.spans.iter().map(|s| s.issue_segment),
+            &mut self.issue_offsets,
+            &mut self.issue_ids,
+        );
+        group_by_segment(
+            num_segments,
+            seg.spans.iter().map(|s| Some(s.last_segment)),
+            &mut self.evict_offsets,
+            &mut self.evict_ids,
+        );
+        self.initial.clear();
+        self.initial.extend(
+            (0..seg.spans.len() as u32).filter(|&k| seg.spans[k as usize].issue_segment.is_none()),
+        );
+
+        self.events.resize_with(nd, Vec::new);
+        for events in &mut self.events {
+            events.clear();
+        }
+        let mut mem = Memory {
+            events: std::mem::take(&mut self.events),
+            seq: 0,
+        };
+        let mut queues = Queues::new(nd, record);
+        let seg_ready = &mut self.seg_ready;
+        seg_ready.clear();
+        seg_ready.resize(num_segments, 0.0);
+        let mut prefetch_wait_s = vec![0.0f64; num_segments];
+
+        let issue = |span_ids: &[u32],
+                     at: f64,
+                     mem: &mut Memory,
+                     queues: &mut Queues,
+                     seg_ready: &mut [f64]| {
+            for &k in span_ids {
+                let span = seg.spans[k as usize];
+                let (q, d) = (span.param, span.device);
+                let bytes = bytes_of[q as usize];
+                mem.push(d, at, bytes, true);
+                let mut ready = at;
+                if home[q as usize] == Tier::Disk {
+                    let read = bytes as f64 / disk_rate;
+                    let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
+                    ready = end;
+                    if d != HOST {
+                        // A host staging buffer until the copy on is done.
+                        mem.push(HOST, start, bytes, true);
+                    }
+                }
+                if d != HOST {
+                    let copy = bytes as f64 / devices[d as usize].h2d_bytes_per_s;
+                    let (_, end) =
+                        queues.run(Resource::HostToDevice(d), ready, copy, Activity::Param, q);
+                    if home[q as usize] == Tier::Disk {
+                        mem.push(HOST, end, bytes, false);
+                    }
+                    ready = end;
+                }
+                let slot = &mut seg_ready[span.first_segment as usize];
+                *slot = slot.max(ready);
+            }
+        };
+        issue(&self.initial, 0.0, &mut mem, &mut queues, seg_ready);
+
+        let instances = &mut self.instances;
+        let node_inst = &mut self.node_inst; // instance range start per node
+        let input_stamp = &mut self.input_stamp; // per instance: last node + 1 that read it
+        let pending = &mut self.pending; // instances the current segment releases at its end
+        instances.clear();
+        node_inst.clear();
+        input_stamp.clear();
+        pending.clear();
+        // Per device, for the value being produced: consumers in its own
+        // segment, distinct other consuming segments, and the last such
+        // segment seen.
+        let same_segment = &mut self.same_segment;
+        let other_segments = &mut self.other_segments;
+        let last_segment = &mut self.last_segment;
+        let consumer_devices = &mut self.consumer_devices;
+        same_segment.clear();
+        same_segment.resize(nd, 0);
+        other_segments.clear();
+        other_segments.resize(nd, 0);
+        last_segment.clear();
+        last_segment.resize(nd, u32::MAX);
+        let mut last_output = f64::NEG_INFINITY;
+        let mut makespan = 0.0f64;
+
+        let find = |instances: &[Instance], node_inst: &[usize], y: usize, d: u32| -> usize {
+            let (lo, hi) = (node_inst[y], node_inst[y + 1]);
+            (lo..hi)
+                .find(|&i| instances[i].device == d)
+                .expect("every consumer device of a value receives a copy")
+        };
+
+        for x in 0..n {
+            // Instances of x start here (and those of x - 1 end here).
+            node_inst.push(instances.len());
+            let dev = pl.node_device[x];
+            let du = dev as usize;
+            let sid = seg.node_segment[x];
+            let su = sid as usize;
+            let first_of_segment = seg.segment_first_node[su] as usize == x;
+
+            let mut ready = queues.free_at(Resource::Compute(dev));
+            for &y in g.inputs(x) {
+                let i = find(instances, node_inst, y as usize, dev);
+                ready = ready.max(instances[i].ready);
+            }
+            let start = ready.max(seg_ready[su]);
+            if first_of_segment {
+                // Compared first: two infinite times would subtract to NaN.
+                prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
+                let ids = group(&self.issue_offsets, &self.issue_ids, su);
+                issue(ids, start, &mut mem, &mut queues, seg_ready);
+            }
+            let out = g.node_out_bytes()[x];
+            mem.push(dev, start, out, true);
+            let seconds = devices[du].node_time(g.node_flops()[x], g.node_bytes_accessed()[x]);
+            let (_, finish) = queues.run(
+                Resource::Compute(dev),
+                start,
+                seconds,
+                Activity::Node,
+                x as u32,
+            );
+            makespan = makespan.max(finish);
+
+            // Inputs: released now when made in this segment, else when it ends.
+            let tag = x as u32 + 1;
+            for &y in g.inputs(x) {
+                let i = find(instances, node_inst, y as usize, dev);
+                if input_stamp[i] == tag {
+                    continue;
+                }
+                input_stamp[i] = tag;
+                if instances[i].segment == sid {
+                    instances[i].remaining -= 1;
+                    if instances[i].remaining == 0 {
+                        let inst = instances[i];
+                        mem.release(&inst, finish);
+                    }
+                } else if instances[i].pending_in != sid + 1 {
+                    instances[i].pending_in = sid + 1;
+                    pending.push(i);
+                }
+            }
+
+            // Where, and for how many releases, x's value is needed.
+            consumer_devices.clear();
+            for &c in g.consumers(x) {
+                let cd = pl.node_device[c as usize];
+                let cs = seg.node_segment[c as usize];
+                let cdu = cd as usize;
+                if same_segment[cdu] == 0 && other_segments[cdu] == 0 {
+                    consumer_devices.push(cd);
+                }
+                if cd == dev && cs == sid {
+                    same_segment[cdu] += 1;
+                } else if last_segment[cdu] != cs {
+                    last_segment[cdu] = cs;
+                    other_segments[cdu] += 1;
+                }
+            }
+            consumer_devices.sort_unstable();
+            let releases = |d: u32| same_segment[d as usize] + other_segments[d as usize];
+            let is_output = g.is_output(x);
+
+            let lo = instances.len();
+            instances.push(Instance {
+                device: dev,
+                bytes: out,
+                ready: finish,
+                remaining: releases(dev) + u32::from(is_output && dev != HOST),
+                floor: finish,
+                keep: is_output && dev == HOST,
+                segment: sid,
+                pending_in: 0,
+            });
+            let mut host_copy = None;
+            if dev != HOST && consumer_devices.iter().any(|&cd| cd != dev) {
+                let copy = out as f64 / devices[du].d2h_bytes_per_s;
+                let (cs, ce) = queues.run(
+                    Resource::DeviceToHost(dev),
+                    finish,
+                    copy,
+                    Activity::Value,
+                    x as u32,
+                );
+                mem.push(HOST, cs, out, true);
+                instances[lo].floor = instances[lo].floor.max(ce);
+                host_copy = Some(instances.len());
+                instances.push(Instance {
+                    device: HOST,
+                    bytes: out,
+                    ready: ce,
+                    remaining: releases(HOST),
+                    floor: ce,
+                    keep: false,
+                    segment: u32::MAX,
+                    pending_in: 0,
+                });
+            }
+            for &cd in consumer_devices.iter() {
+                if cd == dev || cd == HOST {
+                    continue;
+                }
+                let src = host_copy.unwrap_or(lo);
+                let copy = out as f64 / devices[cd as usize].h2d_bytes_per_s;
+                let (cs, ce) = queues.run(
+                    Resource::HostToDevice(cd),
+                    instances[src].ready,
+                    copy,
+                    Activity::Value,
+                    x as u32,
+                );
+                mem.push(cd, cs, out, true);
+                instances[src].floor = instances[src].floor.max(ce);
+                instances.push(Instance {
+                    device: cd,
+                    bytes: out,
+                    ready: ce,
+                    remaining: releases(cd),
+                    floor: ce,
+                    keep: false,
+                    segment: u32::MAX,
+                    pending_in: 0,
+                });
+            }
+            for &cd in consumer_devices.iter() {
+                let cdu = cd as usize;
+                same_segment[cdu] = 0;
+                other_segments[cdu] = 0;
+                last_segment[cdu] = u32::MAX;
+            }
+            input_stamp.resize(instances.len(), 0);
+            if is_output && dev == HOST {
+                last_output = last_output.max(finish);
+            }
+            for inst in &instances[lo..] {
+                if inst.remaining == 0 {
+                    mem.release(inst, inst.ready);
+                }
+            }
+
+            if seg.segment_last_node[su] as usize == x {
+                for &i in pending.iter() {
+                    instances[i].remaining -= 1;
+                    if instances[i].remaining == 0 {
+                        let inst = instances[i];
+                        mem.release(&inst, finish);
+                    }
+                }
+                pending.clear();
+                for &k in group(&self.evict_offsets, &self.evict_ids, su) {
+                    let span = seg.spans[k as usize];
+                    let bytes = bytes_of[span.param as usize];
+                    mem.push(span.device, finish, bytes, false);
+                }
+            }
+        }
+        node_inst.push(instances.len());
+
+        // Graph outputs made on accelerators go back to the host at the end.
+        for x in (0..n).filter(|&x| g.is_output(x) && pl.node_device[x] != HOST) {
+            let dev = pl.node_device[x];
+            let home_inst = node_inst[x];
+            let out = g.node_out_bytes()[x];
+            let copy = out as f64 / devices[dev as usize].d2h_bytes_per_s;
+            let (cs, ce) = queues.run(
+                Resource::DeviceToHost(dev),
+                makespan,
+                copy,
+                Activity::Output,
+                x as u32,
+            );
+            mem.push(HOST, cs, out, true);
+            last_output = last_output.max(ce);
+            let inst = &mut instances[home_inst];
+            inst.floor = inst.floor.max(ce);
+            inst.remaining -= 1;
+            if inst.remaining == 0 {
+                let inst = *inst;
+                mem.release(&inst, ce);
+            }
+        }
+
+        let peak_bytes = mem.peaks(&self.base);
+        self.events = mem.events;
+        let predicted_time_s = if last_output.is_finite() {
+            last_output
+        } else {
+            makespan
+        };
+        let busy_s: Vec<(Resource, f64)> = Resource::all(nd, g.has_disk_params())
+            .into_iter()
+            .map(|r| (r, queues.busy[queues.slot(r)]))
+            .collect();
+        let lower_bound_s = busy_s.iter().map(|&(_, b)| b).fold(0.0, f64::max);
+        Simulation {
+            predicted_time_s,
+            peak_bytes,
+            busy_s,
+            lower_bound_s,
+            timeline: queues.timeline.unwrap_or_default(),
+            prefetch_wait_s,
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The simulator on its own: memory traffic, disk reads, resources, the
+//! timeline, and the checks on placements given from outside.
+
+mod common;
+
+use common::{accelerator, host, Builder, KIB, MIB};
+use tensortorrent_planner::{
+    exhaustive, simulate, Activity, CostGraph, Device, PlanError, Record, Resource, Tier,
+};
+
+fn assert_close(actual: f64, expected: f64) {
+    assert!(
+        (actual - expected).abs() <= 1e-9 * expected.abs().max(1e-12),
+        "{actual} != {expected}"
+    );
+}
+
+/// x (host, 1 kB) -> L0(W0, 1 MB) -> L1(W1, 1 MB) -> output, exact rates
+/// and no latency.
+fn two_layers() -> CostGraph {
+    let mut b = Builder::default();
+    let x = b.input(1000);
+    let l0 = b.node(1e9, 1000, false, &[x]);
+    let l1 = b.node(1e9, 1000, false, &[l0]);
+    b.param(1_000_000, &[l0]);
+    b.param(1_000_000, &[l1]);
+    b.output(l1);
+    b.build()
+}
+
+fn exact_devices() -> Vec<Device> {
+    let mut cpu = host(1 << 30);
+    cpu.flops_per_s = 1e9;
+    cpu.latency_s = 0.0;
+    let mut acc = accelerator("acc", 1 << 30);
+    acc.flops_per_s = 1e12;
+    acc.h2d_bytes_per_s = 1e9;
+    acc.d2h_bytes_per_s = 1e9;
+    acc.latency_s = 0.0;
+    vec![cpu, acc]
+}
+
+fn records(timeline: &[Record], activity: Activity) -> Vec<Record> {
+    timeline
+        .iter()
+        .copied()
+        .filter(|r| r.activity == activity)
+        .collect()
+}
+
+#[test]
+fn memory_traffic_bounds_node_time() {
+    let g = two_layers();
+    let mut devices = exact_devices();
+    let all_host = [0, 0, 0];
+    let compute = simulate(&g, &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(compute.predicted_time_s, 2.0);
+    // 4 GB of traffic per layer at 1 GB/s: 4 s each, slower than compute.
+    let g = g
+        .with_node_bytes_accessed(vec![0, 4_000_000_000, 1000])
+        .unwrap();
+    devices[0].mem_bytes_per_s = 1e9;
+    let traffic = simulate(&g, &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(traffic.predicted_time_s, 4.0 + 1.0);
+    assert_close(traffic.lower_bound_s, 5.0);
+    assert_eq!(
+        traffic.busy_s[0],
+        (Resource::Compute(0), traffic.lower_bound_s)
+    );
+}
+
+#[test]
+fn busy_fractions_and_lower_bound_follow_the_timeline() {
+    // All streamed: W0 [0, 1] ms, x [1, 1.001], L0 [1.001, 2.001], W1
+    // prefetched [1.001, 2.001] behind x, L1 [2.001, 3.001], out back.
+    let g = two_layers();
+    let devices = exact_devices();
+    let sim = simulate(&g, &devices, &[0, 1, 1], &[true, true], 1).unwrap();
+    let out_back = 1e-6;
+    assert_close(sim.predicted_time_s, 0.003_001 + out_back);
+    let h2d = sim
+        .busy_s
+        .iter()
+        .find(|(r, _)| *r == Resource::HostToDevice(1))
+        .unwrap()
+        .1;
+    assert_close(h2d, 0.002 + 1e-6);
+    assert_close(sim.lower_bound_s, h2d);
+    let fractions = sim.busy_fraction();
+    assert_eq!(
+        fractions.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        [
+            Resource::Compute(0),
+            Resource::Compute(1),
+            Resource::HostToDevice(1),
+            Resource::DeviceToHost(1)
+        ]
+    );
+    assert_close(fractions[2].1, h2d / sim.predicted_time_s);
+    let names: Vec<String> = fractions.iter().map(|(r, _)| r.name(&devices)).collect();
+    assert_eq!(names, ["cpu", "acc", "cpu->acc", "acc->cpu"]);
+    assert_eq!(Resource::Disk.name(&devices), "disk->cpu");
+
+    let nodes = records(&sim.timeline, Activity::Node);
+    assert_eq!(nodes.len(), 3);
+    let params = records(&sim.timeline, Activity::Param);
+    assert_eq!(params.len(), 2);
+    for (q, r) in params.iter().enumerate() {
+        assert_eq!((r.resource, r.index), (Resource::HostToDevice(1), q as u32));
+        assert!(r.end_s <= nodes[q + 1].start_s + 1e-15);
+    }
+    let outputs = records(&sim.timeline, Activity::Output);
+    assert_eq!(outputs.len(), 1);
+    assert_eq!(outputs[0].resource, Resource::DeviceToHost(1));
+    assert_close(outputs[0].end_s, sim.predicted_time_s);
+    assert_eq!(Activity::Value.to_string(), "value");
+}
+
+#[test]
+fn disk_parameters_are_read_into_host_staging() {
+    // W0 lives on disk (read at 0.5 GB/s), W1 in host memory.
+    let g = two_layers()
+        .with_param_home(vec![Tier::Disk, Tier::Host])
+        .unwrap();
+    let mut devices = exact_devices();
+    devices[0].disk_bytes_per_s = 5e8;
+    let sim = simulate(&g, &devices, &[0, 1, 1], &[true, true], 1).unwrap();
+    let params = records(&sim.timeline, Activity::Param);
+    let read = params
+        .iter()
+        .find(|r| r.resource == Resource::Disk)
+        .unwrap();
+    assert_eq!(read.index, 0);
+    assert_close(read.end_s - read.start_s, 0.002);
+    let copy = params
+        .iter()
+        .find(|r| r.resource == Resource::HostToDevice(1) && r.index == 0)
+        .unwrap();
+    assert!(copy.start_s >= read.end_s);
+    // The host holds W1 for good, W0 while it is staged, and the input
+    // until its copy (queued behind W0's) is done.
+    assert_eq!(sim.peak_bytes[0], 2_000_000 + 1000);
+    assert!(sim.busy_s.iter().any(|&(r, _)| r == Resource::Disk));
+
+    // Resident on the accelerator, a disk parameter never touches the host.
+    let resident = simulate(&g, &devices, &[0, 1, 1], &[false, false], 1).unwrap();
+    assert_eq!(resident.peak_bytes[0], 1_000_000 + 1000);
+    assert!(records(&resident.timeline, Activity::Param).is_empty());
+
+    // Host nodes stream a disk parameter into host memory and drop it after.
+    let on_host = simulate(&g, &devices, &[0, 0, 0], &[true, false], 1).unwrap();
+    let reads = records(&on_host.timeline, Activity::Param);
+    assert_eq!(reads.len(), 1);
+    assert_eq!(reads[0].resource, Resource::Disk);
+    assert_close(on_host.predicted_time_s, 0.002 + 2.0);
+    // Not streamed, it is held in host memory for the whole run.
+    let held = simulate(&g, &devices, &[0, 0, 0], &[false, false], 1).unwrap();
+    assert!(records(&held.timeline, Activity::Param).is_empty());
+    assert_eq!(held.peak_bytes[0], 2_000_000 + 1000 + 1000);
+}
+
+#[test]
+fn flags_of_parameters_that_cannot_stream_are_ignored() {
+    let g = two_layers();
+    let devices = exact_devices();
+    let a = simulate(&g, &devices, &[0, 0, 0], &[true, true], 1).unwrap();
+    let b = simulate(&g, &devices, &[0, 0, 0], &[false, false], 1).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn placements_from_outside_are_checked() {
+    let g = two_layers();
+    let devices = exact_devices();
+    let placement_error =
+        |nodes: &[u32], params: &[bool]| match simulate(&g, &devices, nodes, params, 1) {
+            Err(PlanError::InvalidPlacement(msg)) => msg,
+            other => panic!("expected InvalidPlacement, got {other:?}"),
+        };
+    assert_eq!(
+        placement_error(&[0, 1], &[false, false]),
+        "node_device has 2 entries but the graph has 3 nodes"
+    );
+    assert_eq!(
+        placement_error(&[0, 1, 1], &[false]),
+        "param_streamed has 1 entries but the graph has 2 params"
+    );
+    assert_eq!(
+        placement_error(&[0, 1, 2], &[false, false]),
+        "node_device[2] = 2 is out of range for 2 devices"
+    );
+    assert_eq!(
+        placement_error(&[1, 1, 1], &[false, false]),
+        "node 0 is host-only but node_device[0] = 1 (\"acc\")"
+    );
+    let err = simulate(&g, &devices, &[0, 1, 1], &[false, false], 0).unwrap_err();
+    assert!(matches!(err, PlanError::InvalidOptions(_)), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "invalid option: prefetch_depth is 0; it must be at least 1 (1 is a double buffer)"
+    );
+    let err = simulate(&g, &devices[1..], &[0, 0, 0], &[false, false], 1).unwrap_err();
+    assert!(matches!(err, PlanError::InvalidDevices(_)), "{err:?}");
+}
+
+#[test]
+fn exhaustive_search_is_bounded_and_finds_the_optimum() {
+    let g = two_layers();
+    let devices = exact_devices();
+    let best = exhaustive(&g, &devices, true, 1, 100).unwrap().unwrap();
+    // Both layers on the accelerator with both weights resident.
+    assert_eq!(best.node_device, vec![0, 1, 1]);
+    assert_eq!(best.param_streamed, vec![false, false]);
+    // 4 placements with no accelerator param, 2 + 2 with one, 4 with both.
+    assert_eq!(best.placements, 1 + 2 + 2 + 4);
+    let err = exhaustive(&g, &devices, true, 1, 8).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid option: exhaustive search could simulate 16 placements, over the limit of 8"
+    );
+    // Nothing fits a 1 kB accelerator without host compute.
+    let mut small = devices.clone();
+    small[1].budget_bytes = KIB;
+    assert_eq!(exhaustive(&g, &small, false, 1, 100).unwrap(), None);
+    small[1].budget_bytes = 3 * MIB;
+    assert!(exhaustive(&g, &small, false, 1, 100).unwrap().is_some());
+}
