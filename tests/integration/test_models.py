@@ -202,3 +202,32 @@ def test_a_recompile_of_the_same_graph_reuses_its_plan(caplog: pytest.LogCapture
             compiled(torch.randn(6, 64))  # other shapes: a new graph, planned anew
     assert "reusing plan" in caplog.text
     assert len(compiled.graphs) == 2
+
+
+def test_two_unequal_virtual_devices_share_the_model_unequally() -> None:
+    model, x = mlp(128, 8), torch.randn(16, 128)
+    budgets = {
+        "virtual:0": int(param_bytes(model) * 0.7),
+        "virtual:1": int(param_bytes(model) * 0.4),
+    }
+    compiled = tt.compile(
+        model,
+        example_inputs=(x,),
+        budgets=budgets,
+        virtual_devices={
+            "virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6},
+            "virtual:1": {"flops": "1T", "bandwidth": "16GB", "latency": 1e-6},
+        },
+        devices=["virtual:0", "virtual:1"],
+        compiler="eager",
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = compiled.graphs
+    nodes_on = {
+        d: sum(graph.plan.node_device(i) == d for i in range(len(graph.plan.cost.nodes)))
+        for d in budgets
+    }
+    assert nodes_on["virtual:0"] > nodes_on["virtual:1"] > 0
+    peaks = compiled.measured_peaks()
+    assert all(0 < peaks[d] <= budgets[d] for d in budgets), (peaks, budgets)
