@@ -18,6 +18,7 @@ __all__ = [
     "Simulation",
     "exhaustive",
     "plan",
+    "replay",
     "simulate",
     "version",
 ]
@@ -260,6 +261,24 @@ def plan(
     ahead streamed parameters are prefetched. Releases the GIL while planning.
     Raises ``PlanInfeasible`` (with ``min_budgets``) when no candidate fits the
     budgets and ``OptionsError`` for an option out of range.
+    """
+
+def replay(
+    graph: CostGraph,
+    devices: Sequence[Device],
+    objective: str,
+    host_compute: bool,
+    name: str,
+    node_device: Sequence[int],
+    param_streamed: Sequence[bool],
+    *,
+    prefetch_depth: int = 1,
+    memory_slack: float = ...,
+) -> Plan:
+    """The plan a search that chose ``name`` with this placement made, rebuilt without
+    searching (same plan, same hash): for plans saved or cached by their decisions.
+    Raises ``InvalidPlacement`` for a placement that does not fit the graph and
+    ``PlanInfeasible`` when it does not fit the budgets.
     """
 
 def simulate(

@@ -13,8 +13,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import psutil
+
+from . import plan_cache
 from ._native import native_planner
 from .cost_graph import CostGraph
+from .errors import InvalidPlacement, PlanInfeasible
 from .profile import DeviceProfile, HostProfile
 from .settings import Settings
 
@@ -81,6 +85,17 @@ class GraphPlan:
         raise KeyError(device)
 
 
+def _default_budget(dev: DeviceProfile) -> int:
+    """A device's budget when the user gave none: its capacity.
+
+    For the host that is the machine's RAM, not the RAM free right now: free RAM
+    moves from one process to the next, and plans (and their hashes) must not.
+    """
+    if dev.is_host:
+        return int(psutil.virtual_memory().total)
+    return dev.memory_bytes
+
+
 def planned_devices(
     profile: HostProfile, settings: Settings, already_resident: Mapping[str, int]
 ) -> tuple[tuple[PlannedDevice, ...], bool]:
@@ -94,7 +109,7 @@ def planned_devices(
     for dev in profile.devices:
         if not dev.is_host and wanted is not None and dev.name not in wanted:
             continue
-        budget = settings.budgets.get(dev.name, dev.memory_bytes)
+        budget = settings.budgets.get(dev.name, _default_budget(dev))
         budget = max(0, budget - already_resident.get(dev.name, 0))
         devices.append(PlannedDevice(profile=dev, budget_bytes=budget))
     host_compute = wanted is None or "cpu" in wanted
@@ -134,7 +149,37 @@ def plan_graph(
         [(d.name, d.budget_bytes) for d in devices],
         host_compute,
     )
-    native = planner.plan(cost.to_native(), native_devices, settings.objective, host_compute)
+    native_graph = cost.to_native()
+    native = None
+    entry = ""
+    if plan_cache.enabled():
+        entry = plan_cache.key(
+            cost, native_devices, settings.objective, host_compute, planner.version()
+        )
+        cached = plan_cache.lookup(entry)
+        if cached is not None:
+            try:
+                native = planner.replay(
+                    native_graph,
+                    native_devices,
+                    settings.objective,
+                    host_compute,
+                    cached["chosen"],
+                    cached["node_device"],
+                    cached["param_streamed"],
+                )
+            except (InvalidPlacement, PlanInfeasible) as exc:
+                log.warning("plan cache entry %s does not replay (%s): searching", entry, exc)
+            else:
+                log.info(
+                    "graph %d: plan %s taken from the plan cache, search skipped",
+                    graph_index,
+                    native.plan_hash,
+                )
+    if native is None:
+        native = planner.plan(native_graph, native_devices, settings.objective, host_compute)
+        if entry:
+            plan_cache.store(entry, native)
     for cand in native.candidates:
         log.debug(
             "  candidate %-28s family=%s feasible=%s predicted=%.6fs peaks=%s",

@@ -62,7 +62,7 @@ class Settings:
 
     Attributes:
         budgets: bytes each device or tier may hold, e.g. ``{"virtual:0": 67108864}``.
-            Devices without an entry get their capacity (for ``cpu``: available RAM).
+            Devices without an entry get their capacity (for ``cpu``: the machine's RAM).
         objective: ``"latency"`` (fastest forward), ``"memory"`` (least accelerator
             memory within a 10% latency slack) or ``"throughput"``.
         compiler: ``"inductor"`` or ``"eager"`` for host and CUDA subgraphs; virtual

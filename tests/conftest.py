@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 # Plans must not depend on how fast this machine happens to be today.
 os.environ.setdefault("TENSORTORRENT_PROFILE", "nominal")
+# Each test searches; the plan cache has tests of its own.
+os.environ.setdefault("TENSORTORRENT_PLAN_CACHE", "0")
 
 import pytest
 import torch

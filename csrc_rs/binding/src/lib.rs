@@ -24,6 +24,7 @@ fn _planner(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<simulate::PySimulation>()?;
     m.add_class::<exhaustive::PyOptimum>()?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::replay, m)?)?;
     m.add_function(wrap_pyfunction!(simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(exhaustive::exhaustive, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;

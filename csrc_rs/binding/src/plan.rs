@@ -254,6 +254,52 @@ pub(crate) fn plan(
     let planned = py
         .detach(|| configured.run(graph, &devices))
         .map_err(|e| to_py_err(py, &e))?;
+    wrap(py, planned, devices)
+}
+
+/// The plan a search that chose `name` with this placement made, rebuilt
+/// without searching (same plan, same hash): for plans saved or cached by
+/// their decisions. Raises `InvalidPlacement` for a placement that does not
+/// fit the graph and `PlanInfeasible` when it does not fit the budgets.
+#[pyfunction]
+#[pyo3(signature = (
+    graph,
+    devices,
+    objective,
+    host_compute,
+    name,
+    node_device,
+    param_streamed,
+    *,
+    prefetch_depth = 1,
+    memory_slack = Planner::DEFAULT_MEMORY_SLACK,
+))]
+pub(crate) fn replay(
+    py: Python<'_>,
+    graph: &Bound<'_, PyCostGraph>,
+    devices: Vec<PyRef<'_, PyDevice>>,
+    objective: &str,
+    host_compute: bool,
+    name: &str,
+    node_device: Vec<u32>,
+    param_streamed: Vec<bool>,
+    prefetch_depth: u32,
+    memory_slack: f64,
+) -> PyResult<PyPlan> {
+    let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
+    let configured = Planner::new(objective)
+        .with_host_compute(host_compute)
+        .with_prefetch_depth(prefetch_depth)
+        .with_memory_slack(memory_slack);
+    let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
+    let graph = &graph.get().inner;
+    let planned = py
+        .detach(|| configured.replay(graph, &devices, name, &node_device, &param_streamed))
+        .map_err(|e| to_py_err(py, &e))?;
+    wrap(py, planned, devices)
+}
+
+fn wrap(py: Python<'_>, planned: Plan, devices: Vec<Device>) -> PyResult<PyPlan> {
     let candidates = planned
         .candidates
         .iter()

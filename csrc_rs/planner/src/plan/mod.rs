@@ -46,7 +46,7 @@ use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
-use crate::simulate::{check_depth, run, Record, Simulation};
+use crate::simulate::{check_depth, checked_placement, run, Record, Simulation};
 use search::{Evaluated, Search, Trial};
 
 /// What the plan optimises.
@@ -115,6 +115,8 @@ pub enum Family {
     HostStretches,
     /// Improved by local search.
     LocalSearch,
+    /// A placement given from outside, simulated without search.
+    Replayed,
 }
 
 impl Family {
@@ -128,6 +130,7 @@ impl Family {
             Self::Segments => "segments",
             Self::HostStretches => "host-stretches",
             Self::LocalSearch => "local-search",
+            Self::Replayed => "replayed",
         }
     }
 }
@@ -343,6 +346,45 @@ impl Planner {
             return Err(infeasible(&s.candidates, devices, self.host_compute));
         };
         Ok(self.finish(graph, devices, &s.candidates, best, report))
+    }
+
+    /// The plan made of a known placement, without searching: the same plan
+    /// (and hash) as the search that chose `name` with this placement.
+    ///
+    /// # Errors
+    /// * [`PlanError::InvalidDevices`] or [`PlanError::InvalidPlacement`] for
+    ///   a malformed device list or placement;
+    /// * [`PlanError::Infeasible`] when the placement does not fit the budgets.
+    pub fn replay(
+        &self,
+        graph: &CostGraph,
+        devices: &[Device],
+        name: &str,
+        node_device: &[u32],
+        param_streamed: &[bool],
+    ) -> Result<Plan, PlanError> {
+        validate_devices(devices)?;
+        check_depth(self.prefetch_depth)?;
+        let placement = checked_placement(graph, devices, node_device, param_streamed)?;
+        let mut s = Search::new(
+            graph,
+            devices,
+            self.host_compute,
+            self.prefetch_depth,
+            0,
+            None,
+        );
+        let trial = s.simulate(placement);
+        let index = s.add(name.to_string(), Family::Replayed, trial, false);
+        if !s.candidates[index].feasible() {
+            return Err(infeasible(&s.candidates, devices, self.host_compute));
+        }
+        let report = Report {
+            stop_reason: StopReason::Replayed,
+            candidates_simulated: s.simulations,
+            nodes_simulated: s.nodes_simulated,
+        };
+        Ok(self.finish(graph, devices, &s.candidates, index, report))
     }
 
     /// The score local search minimises for this objective.

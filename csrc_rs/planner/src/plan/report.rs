@@ -12,6 +12,8 @@ pub enum StopReason {
     NodeLimit(u64),
     /// The time limit was reached.
     TimeLimit(Duration),
+    /// No search: a given placement was simulated (see [`crate::Planner::replay`]).
+    Replayed,
 }
 
 impl fmt::Display for StopReason {
@@ -22,6 +24,7 @@ impl fmt::Display for StopReason {
             Self::TimeLimit(limit) => {
                 write!(f, "time limit {} ms reached", limit.as_secs_f64() * 1e3)
             }
+            Self::Replayed => f.write_str("replayed a known placement, no search"),
         }
     }
 }
