@@ -274,6 +274,8 @@ pub(crate) fn plan(
     prefetch_depth = 1,
     memory_slack = Planner::DEFAULT_MEMORY_SLACK,
 ))]
+// PyO3 extracts Python sequences into owned vectors; the core borrows them.
+#[allow(clippy::needless_pass_by_value)]
 pub(crate) fn replay(
     py: Python<'_>,
     graph: &Bound<'_, PyCostGraph>,

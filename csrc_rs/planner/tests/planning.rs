@@ -5,7 +5,7 @@ mod common;
 use std::time::Instant;
 
 use common::{accelerator, host, machine, mlp, Builder, KIB, MIB};
-use tensortorrent_planner::{plan, Device, Objective, Plan, PlanError};
+use tensortorrent_planner::{plan, Device, Objective, Plan, PlanError, Planner};
 
 fn candidate<'a>(p: &'a Plan, name: &str) -> &'a tensortorrent_planner::Candidate {
     p.candidates
@@ -460,4 +460,29 @@ fn ten_thousand_node_chain_plans_quickly() {
             _ => assert!((2400..2500).contains(&resident), "{resident} resident"),
         }
     }
+}
+
+#[test]
+fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
+    let g = common::mlp(6, 4 << 20, 1 << 16, 1e9, true);
+    let devices = common::machine(10 << 20);
+    let planner = Planner::new(Objective::Latency);
+    let searched = planner.run(&g, &devices).expect("feasible");
+    let replayed = planner
+        .replay(
+            &g,
+            &devices,
+            &searched.chosen,
+            &searched.node_device,
+            &searched.param_streamed,
+        )
+        .expect("the chosen placement fits");
+    assert_eq!(replayed.plan_hash, searched.plan_hash);
+    assert_eq!(replayed.node_segment, searched.node_segment);
+    assert_eq!(replayed.param_issue_segment, searched.param_issue_segment);
+    assert!((replayed.predicted_time_s - searched.predicted_time_s).abs() < 1e-12);
+    assert_eq!(replayed.report.candidates_simulated, 1);
+    let all_resident = vec![false; searched.param_streamed.len()];
+    let too_big = planner.replay(&g, &devices, "x", &searched.node_device, &all_resident);
+    assert!(matches!(too_big, Err(PlanError::Infeasible { .. })));
 }
