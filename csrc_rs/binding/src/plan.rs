@@ -234,11 +234,7 @@ pub(crate) fn plan(
     prefetch_depth: u32,
     memory_slack: f64,
 ) -> PyResult<PyPlan> {
-    let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
-    let mut configured = Planner::new(objective)
-        .with_host_compute(host_compute)
-        .with_prefetch_depth(prefetch_depth)
-        .with_memory_slack(memory_slack);
+    let mut configured = planner(py, objective, host_compute, prefetch_depth, memory_slack)?;
     if let Some(nodes) = node_limit {
         configured = configured.with_node_limit(nodes);
     }
@@ -288,17 +284,28 @@ pub(crate) fn replay(
     prefetch_depth: u32,
     memory_slack: f64,
 ) -> PyResult<PyPlan> {
-    let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
-    let configured = Planner::new(objective)
-        .with_host_compute(host_compute)
-        .with_prefetch_depth(prefetch_depth)
-        .with_memory_slack(memory_slack);
+    let configured = planner(py, objective, host_compute, prefetch_depth, memory_slack)?;
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
         .detach(|| configured.replay(graph, &devices, name, &node_device, &param_streamed))
         .map_err(|e| to_py_err(py, &e))?;
     wrap(py, planned, devices)
+}
+
+/// The planner configured as both `plan` and `replay` take it.
+fn planner(
+    py: Python<'_>,
+    objective: &str,
+    host_compute: bool,
+    prefetch_depth: u32,
+    memory_slack: f64,
+) -> PyResult<Planner> {
+    let objective: Objective = objective.parse().map_err(|e| to_py_err(py, &e))?;
+    Ok(Planner::new(objective)
+        .with_host_compute(host_compute)
+        .with_prefetch_depth(prefetch_depth)
+        .with_memory_slack(memory_slack))
 }
 
 fn wrap(py: Python<'_>, planned: Plan, devices: Vec<Device>) -> PyResult<PyPlan> {
