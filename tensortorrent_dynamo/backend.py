@@ -216,17 +216,13 @@ class TensorTorrentBackend:
         )
         session.graphs.append(compiled)
         session.by_source[source] = compiled
-        if plan.graph_index > 0:
-            log.info(
-                "graph %d planned (a new graph: a graph break, or a recompile with other "
-                "shapes or code)",
-                plan.graph_index,
-            )
         if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
             from .explain import explain_graph
 
             text = explain_graph(compiled)
             plan_log.debug("%s", text)
+            # every graph after the first is a graph break or a recompile with other code
+            # or shapes (the same graph again reuses its plan, above)
             log.info("graph %d planned: %s", plan.graph_index, plan.native.chosen)
             log.debug("schedule of graph %d:\n%s", plan.graph_index, rewritten.module.code)
         return compiled
