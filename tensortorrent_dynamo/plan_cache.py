@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cost_graph import CostGraph
 from .profile.cache import cache_dir
+from .saved_plan import graph_hash
 
 if TYPE_CHECKING:
     from . import _planner
@@ -41,10 +42,8 @@ def key(
     planner_version: str,
 ) -> str:
     """A hash of every input the planner reads."""
-    graph = cost.to_json()
-    graph.pop("torch_version")
     data = {
-        "graph": graph,
+        "graph": graph_hash(cost),
         "devices": [
             [
                 d.name,
