@@ -6,7 +6,7 @@ native planner maps each of its error variants onto one class here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 class TensorTorrentError(Exception):
@@ -71,6 +71,25 @@ class NativePlannerUnavailable(TensorTorrentError):
 
 class VirtualDeviceOutOfMemory(TensorTorrentError, MemoryError):
     """A virtual accelerator was asked to hold more bytes than its capacity."""
+
+
+class OffloadError(TensorTorrentError):
+    """Weights cannot be written to, or read from, the disk tier."""
+
+
+class OffloadCorruptError(OffloadError):
+    """Offloaded weights fail their checksum, or their shard is missing or truncated.
+
+    ``keys`` names the damaged tensors; ``repair`` can rewrite those whose source is at hand.
+    """
+
+    def __init__(self, message: str, keys: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.keys: list[str] = list(keys)
+
+
+class CheckpointError(TensorTorrentError):
+    """A checkpoint file is missing, truncated or malformed, or holds a dtype we cannot read."""
 
 
 class TensorTorrentWarning(UserWarning):

@@ -1,0 +1,197 @@
+"""DiskReader delivers exact bytes whichever way it reads; HostBufferPool lends aligned memory."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tensortorrent_dynamo.errors import OffloadError
+from tensortorrent_dynamo.offload import (
+    DiskReader,
+    HostBufferPool,
+    TensorLocation,
+    write_safetensors,
+)
+
+PAGE = 4096
+
+
+def raw_file(directory: Path, nbytes: int) -> tuple[Path, bytes]:
+    data = os.urandom(nbytes)
+    path = directory / "raw.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+def span(path: Path, offset: int, nbytes: int, dtype: torch.dtype = torch.uint8) -> TensorLocation:
+    return TensorLocation("t", path, offset, nbytes, dtype, (nbytes // dtype.itemsize,))
+
+
+# Offsets and sizes on and off page boundaries, across several 8 KiB chunks, to the last byte.
+SPANS = [(0, 1), (0, PAGE), (1, PAGE), (PAGE - 1, 2), (100, 3 * PAGE + 7), (5000, 40000)]
+FILE_BYTES = 45000
+
+
+@pytest.mark.parametrize("direct", [True, False, None], ids=["direct", "buffered", "auto"])
+def test_exact_bytes_every_way(tmp_path: Path, direct: bool | None) -> None:
+    path, data = raw_file(tmp_path, FILE_BYTES)
+    pool = HostBufferPool()
+    with DiskReader(pool, threads=3, direct=direct, chunk_bytes=2 * PAGE) as reader:
+        futures = [(o, n, reader.submit(span(path, o, n))) for o, n in SPANS]
+        futures.append((FILE_BYTES - 10, 10, reader.submit(span(path, FILE_BYTES - 10, 10))))
+        for offset, nbytes, future in futures:
+            result = future.result()
+            assert bytes(result.tensor.numpy()) == data[offset : offset + nbytes]
+            assert result.buffer.data_ptr() % PAGE == 0
+            pool.give(result.buffer)
+        assert reader.bytes_read == sum(n for _, n, _ in futures)
+
+
+def test_views_have_the_locations_dtype_and_shape(tmp_path: Path) -> None:
+    tensors = {
+        "a": torch.arange(12, dtype=torch.float64).reshape(3, 4),
+        "b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        "c": torch.tensor(7, dtype=torch.int32),
+    }
+    locations = write_safetensors(tmp_path / "f.safetensors", tensors)
+    pool = HostBufferPool()
+    with DiskReader(pool) as reader:
+        for key, loc in locations.items():
+            result = reader.submit(loc).result()
+            assert torch.equal(result.tensor, tensors[key])
+            assert result.tensor.dtype == loc.dtype and result.tensor.shape == loc.shape
+            pool.give(result.buffer)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_a_tensor_not_aligned_to_its_element_size_is_moved(tmp_path: Path, direct: bool) -> None:
+    """Other writers may not align tensors; viewing bytes as float32 needs a multiple of 4."""
+    values = torch.tensor([1.0, 2.0, -3.5], dtype=torch.float32)
+    path = tmp_path / "odd.bin"
+    path.write_bytes(b"xyz" + values.numpy().tobytes())
+    loc = TensorLocation("v", path, 3, 12, torch.float32, (3,))
+    with DiskReader(HostBufferPool(), direct=direct) as reader:
+        assert torch.equal(reader.submit(loc).result().tensor, values)
+
+
+def test_tmpfs_reads_exact_bytes() -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    path = shm / f"tensortorrent-test-{os.getpid()}.bin"
+    data = os.urandom(3 * PAGE + 5)
+    path.write_bytes(data)
+    try:
+        with DiskReader(HostBufferPool()) as reader:
+            result = reader.submit(span(path, 7, len(data) - 7)).result()
+            assert bytes(result.tensor.numpy()) == data[7:]
+    finally:
+        path.unlink()
+
+
+def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every open with O_DIRECT fail as on a filesystem without it."""
+    real_open = os.open
+
+    def open_without_direct(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_without_direct)
+
+
+def test_falls_back_to_buffered_reads_when_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, data = raw_file(tmp_path, 3 * PAGE)
+    refuse_o_direct(monkeypatch)
+    dropped: list[tuple[int, int]] = []
+    real_fadvise = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        dropped.append((offset, length))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    caplog.set_level(logging.DEBUG, logger="tensortorrent_dynamo.offload")
+    with DiskReader(HostBufferPool()) as reader:
+        result = reader.submit(span(path, 10, 2 * PAGE)).result()
+    assert bytes(result.tensor.numpy()) == data[10 : 10 + 2 * PAGE]
+    assert "refuses O_DIRECT" in caplog.text
+    assert dropped == [(0, 3 * PAGE)], "the pages read are dropped from the page cache"
+    with DiskReader(HostBufferPool(), direct=True) as reader, pytest.raises(OffloadError):
+        reader.submit(span(path, 0, 1))
+
+
+def test_a_truncated_file_fails_the_future_and_returns_the_buffer(tmp_path: Path) -> None:
+    path, _ = raw_file(tmp_path, PAGE + 100)
+    pool = HostBufferPool()
+    with DiskReader(pool, chunk_bytes=PAGE) as reader:
+        future = reader.submit(span(path, 50, 3 * PAGE))
+        with pytest.raises(OffloadError, match="ends at byte"):
+            future.result()
+        assert reader.bytes_read == 0
+    assert pool.held_bytes == 4 * PAGE
+    assert pool.trim() == 4 * PAGE, "the buffer went back to the pool, idle"
+
+
+def test_a_file_replaced_under_the_same_name_is_reopened(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    first = write_safetensors(path, {"w": torch.zeros(4)})["w"]
+    with DiskReader(HostBufferPool()) as reader:
+        assert torch.equal(reader.submit(first).result().tensor, torch.zeros(4))
+        second = write_safetensors(path, {"w": torch.ones(4)})["w"]
+        assert torch.equal(reader.submit(second).result().tensor, torch.ones(4))
+
+
+def test_a_location_that_does_not_fit_its_shape_is_refused(tmp_path: Path) -> None:
+    path, _ = raw_file(tmp_path, 64)
+    with DiskReader(HostBufferPool()) as reader, pytest.raises(ValueError, match="do not hold"):
+        reader.submit(TensorLocation("x", path, 0, 6, torch.float32, (2,)))
+
+
+def test_a_closed_reader_refuses_reads(tmp_path: Path) -> None:
+    path, _ = raw_file(tmp_path, 64)
+    reader = DiskReader(HostBufferPool())
+    reader.close()
+    reader.close()
+    with pytest.raises(OffloadError, match="closed"):
+        reader.submit(span(path, 0, 8))
+
+
+def test_pool_lends_aligned_buffers_and_reuses_them() -> None:
+    pool = HostBufferPool()
+    a = pool.take(10)
+    b = pool.take(PAGE + 1)
+    assert a.dtype == torch.uint8 and a.dim() == 1
+    assert (a.numel(), b.numel()) == (PAGE, 2 * PAGE), "capacities are whole pages"
+    assert a.data_ptr() % PAGE == 0 and b.data_ptr() % PAGE == 0
+    assert pool.held_bytes == 3 * PAGE
+    pool.give(a)
+    assert pool.take(PAGE).data_ptr() == a.data_ptr(), "same capacity: reused"
+    assert pool.take(PAGE).data_ptr() != a.data_ptr(), "a lent buffer is not lent twice"
+    pool.give(b)
+    with pytest.raises(ValueError, match="given back twice"):
+        pool.give(b)
+    with pytest.raises(ValueError, match="not a buffer lent"):
+        pool.give(torch.empty(PAGE, dtype=torch.uint8))
+    assert pool.held_bytes == 4 * PAGE
+    assert pool.trim() == 2 * PAGE
+    assert pool.held_bytes == 2 * PAGE and pool.trim() == 0
+
+
+def test_pinned_pool_needs_cuda() -> None:
+    if torch.cuda.is_available():
+        pool = HostBufferPool(pin=True)
+        buffer = pool.take(100)
+        assert buffer.is_pinned() and buffer.data_ptr() % PAGE == 0
+    else:
+        with pytest.raises(OffloadError, match="CUDA"):
+            HostBufferPool(pin=True)
