@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from .cost_graph import CostGraph
     from .errors import (
         BudgetParseError,
+        CheckpointError,
         NativePlannerUnavailable,
+        OffloadCorruptError,
+        OffloadError,
         OptionsError,
         PlanFormatError,
         PlanInfeasible,
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
         UnsupportedNodeError,
         VirtualDeviceOutOfMemory,
     )
+    from .homes import bind_checkpoint
     from .settings import Settings, VirtualDeviceSpec, parse_options
     from .units import parse_bytes
 
@@ -38,6 +42,10 @@ _HOME = {
     "compile": "api",
     "export_cost_graphs": "api",
     "load": "api",
+    "bind_checkpoint": "homes",
+    "CheckpointError": "errors",
+    "OffloadCorruptError": "errors",
+    "OffloadError": "errors",
     "PlanFormatError": "errors",
     "StalePlanError": "errors",
     "CostGraph": "cost_graph",
@@ -59,9 +67,12 @@ _HOME = {
 
 __all__ = [
     "BudgetParseError",
+    "CheckpointError",
     "CompiledModule",
     "CostGraph",
     "NativePlannerUnavailable",
+    "OffloadCorruptError",
+    "OffloadError",
     "OptionsError",
     "PlanFormatError",
     "PlanInfeasible",
@@ -74,6 +85,7 @@ __all__ = [
     "VirtualDeviceOutOfMemory",
     "VirtualDeviceSpec",
     "__version__",
+    "bind_checkpoint",
     "compile",
     "export_cost_graphs",
     "load",

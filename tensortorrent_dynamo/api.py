@@ -11,8 +11,9 @@ import torch
 from . import saved_plan
 from .backend import CompiledGraph, TensorTorrentBackend
 from .cost_graph import CostGraph, build_cost_graph
-from .errors import TensorTorrentError
+from .errors import CheckpointError, TensorTorrentError
 from .explain import explain
+from .homes import bind_checkpoint
 from .settings import parse_options
 from .trace import write_trace
 
@@ -29,14 +30,18 @@ class CompiledModule(torch.nn.Module):
         self.model = model
         self.backend = backend
         self.compiled = torch.compile(model, backend=backend)
+        self._disk_bytes_read = 0
 
     @property
     def graphs(self) -> list[CompiledGraph]:
         return self.backend.graphs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        before = self._disk_bytes_total()
         try:
-            return self.compiled(*args, **kwargs)
+            out = self.compiled(*args, **kwargs)
+            self._disk_bytes_read = self._disk_bytes_total() - before
+            return out
         except torch._dynamo.exc.BackendCompilerFailed as exc:
             # Dynamo wraps whatever a backend raises; our own errors say more alone.
             if isinstance(exc.inner_exception, TensorTorrentError):
@@ -77,6 +82,14 @@ class CompiledModule(torch.nn.Module):
     def plan_hashes(self) -> list[str]:
         return [g.plan.plan_hash for g in self.graphs]
 
+    def _disk_bytes_total(self) -> int:
+        sessions = self.backend.sessions.values()
+        return sum(s.disk.reader.bytes_read for s in sessions if s.disk is not None)
+
+    def disk_bytes_read(self) -> int:
+        """Bytes of parameters read from disk during the last call (measured by the reader)."""
+        return self._disk_bytes_read
+
     def measured_peaks(self) -> dict[str, int]:
         """Peak bytes measured on each virtual device since compiling."""
         peaks: dict[str, int] = {}
@@ -95,13 +108,34 @@ def compile(
 
     Options are those of ``torch.compile(..., backend="tensortorrent", options={...})``.
     Planning runs the model once on ``example_inputs`` (under ``torch.no_grad()``).
+    With ``checkpoint="model.safetensors"``, ``model`` may be built on the meta device:
+    its meta tensors are bound to the file (see :func:`bind_checkpoint`) and its weights
+    are read from there, never all held in RAM.
     """
-    parse_options(options)  # bad options fail here, before any tracing
+    settings = parse_options(options)  # bad options fail here, before any tracing
+    if settings.checkpoint is not None:
+        bind_checkpoint(model, settings.checkpoint)
+    _check_no_meta(model)
     compiled = CompiledModule(model, TensorTorrentBackend(options))
     if example_inputs is not None:
         with torch.no_grad():
             compiled(*example_inputs)
     return compiled
+
+
+def _check_no_meta(model: torch.nn.Module) -> None:
+    """Refuse a model with meta tensors left: Dynamo cannot run it and nothing holds its weights."""
+    meta = [
+        name
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.device.type == "meta"
+    ]
+    if meta:
+        listed = ", ".join(meta[:4]) + (", ..." if len(meta) > 4 else "")
+        raise CheckpointError(
+            f"{len(meta)} tensor(s) of the model are on the meta device ({listed}) and no "
+            "checkpoint holds their weights: pass checkpoint='model.safetensors'"
+        )
 
 
 def load(

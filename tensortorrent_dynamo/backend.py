@@ -24,10 +24,12 @@ from ._logs import PLAN_ARTIFACT, register
 from .compiler import compile_segments
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
+from .homes import place_on_disk, released_location
+from .offload import DiskReader, HostBufferPool, TensorLocation
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
 from .rewrite import rewrite
-from .run import Runtime, VirtualDevice
+from .run import DiskTier, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
 
 register()  # torch normally did this through the entry point; cheap and idempotent
@@ -47,6 +49,9 @@ class CompiledGraph:
     profile: HostProfile
     calls: int = 0
     last_call_s: float | None = None
+    # peak RSS of the process during the last call, when the host's memory is planned
+    # (a host budget or a disk tier); ``None`` otherwise
+    last_rss_peak: int | None = None
     _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
@@ -65,8 +70,13 @@ class CompiledGraph:
             )
         self.calls += 1
         self.runtime.recorder.restart()
-        with torch.no_grad():
-            out = self.module(*args)
+        if "cpu" in self.settings.budgets or self.runtime.disk is not None:
+            with RssSampler() as rss, torch.no_grad():
+                out = self.module(*args)
+            self.last_rss_peak = rss.peak
+        else:
+            with torch.no_grad():
+                out = self.module(*args)
         self.last_call_s = self.runtime.recorder.now()
         return out
 
@@ -78,6 +88,7 @@ class Session:
     settings: Settings
     virtual: dict[str, VirtualDevice]
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    disk: DiskTier | None = None
     # (hash of the graph's code, hash of its costs) -> the graph compiled from it
     by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
 
@@ -89,6 +100,20 @@ class Session:
                     device.name
                 )
         return held
+
+    def disk_tier(self, locations: Mapping[str, TensorLocation]) -> DiskTier | None:
+        """The session's disk tier (one reader and host buffer pool for every graph),
+        knowing ``locations`` too; ``None`` while no parameter lives on disk."""
+        if not locations and self.disk is None:
+            return None
+        if self.disk is None:
+            pin = torch.cuda.is_available() and any(
+                d.startswith("cuda") for d in self.settings.devices or ["cuda"]
+            )
+            pool = HostBufferPool(pin=pin)
+            self.disk = DiskTier(locations={}, reader=DiskReader(pool), pool=pool)
+        self.disk.locations.update(locations)
+        return self.disk
 
 
 def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
@@ -110,10 +135,11 @@ def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
 
 
 def _make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:
-    """Copy every resident parameter to its device now, so later graphs plan around it."""
+    """Copy every resident parameter to its device now (reading those that live on disk),
+    so later graphs plan around it."""
     for pid, param in enumerate(plan.cost.params):
         device = plan.param_device(pid)
-        if device != "cpu" and not plan.is_streamed(pid):
+        if (device != "cpu" or plan.on_disk(pid)) and not plan.is_streamed(pid):
             runtime.make_resident(param.fqn, example_inputs[param.arg_index], device)
 
 
@@ -131,6 +157,9 @@ class TensorTorrentBackend:
 
     def reset(self) -> None:
         """Drop every plan, resident copy and ledger (``torch._dynamo.reset()`` calls this)."""
+        for session in self.sessions.values():
+            if session.disk is not None:
+                session.disk.reader.close()
         self.sessions.clear()
         self.saved_plans.clear()
 
@@ -199,10 +228,16 @@ class TensorTorrentBackend:
             )
             return again
         _check_fallbacks(cost, settings.strict)
-        plan = plan_graph(len(session.graphs), cost, profile, settings, session.resident_bytes())
+        on_disk = frozenset(
+            p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
+        )
+        plan = plan_graph(
+            len(session.graphs), cost, profile, settings, session.resident_bytes(), on_disk
+        )
         if settings.plan is not None:
             self._check_saved(settings, cost, profile, plan)
-        runtime = Runtime(session.virtual)
+        locations = place_on_disk(plan, example_inputs, settings)
+        runtime = Runtime(session.virtual, session.disk_tier(locations))
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)
         compilers = compile_segments(rewritten, runtime, settings)

@@ -186,8 +186,9 @@ class CostGraph:
             raise CostGraphFormatError(f"cannot read a cost graph from {path}: {exc}") from exc
         return cls.from_json(data)
 
-    def to_native(self) -> _planner.CostGraph:
-        """Flatten into the arrays the native planner takes."""
+    def to_native(self, param_home: Sequence[str] | None = None) -> _planner.CostGraph:
+        """Flatten into the arrays the native planner takes; ``param_home`` gives each
+        parameter's tier (``"host"`` or ``"disk"``; all ``"host"`` when omitted)."""
         input_offsets = [0]
         input_ids: list[int] = []
         for node in self.nodes:
@@ -209,6 +210,7 @@ class CostGraph:
             param_users=param_users,
             output_ids=list(self.output_ids),
             node_bytes_accessed=[n.bytes_accessed for n in self.nodes],
+            param_home=list(param_home) if param_home is not None else None,
         )
 
 

@@ -33,6 +33,9 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
         predicted = max(g.plan.predicted_peak(dev.name) for g in graphs)
         virtual = first.runtime.virtual.get(dev.name)
         measured = format_bytes(virtual.ledger.peak) if virtual and first.calls else "-"
+        rss = [g.last_rss_peak for g in graphs if g.last_rss_peak is not None]
+        if dev.is_host and rss:
+            measured = f"{format_bytes(max(rss))} RSS"
         link = "-" if dev.is_host else format_rate(dev.h2d_bytes_per_s, "B/s")
         budget = first.settings.budgets.get(dev.name, planned.budget_bytes)
         rows.append(
@@ -47,7 +50,21 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
             ]
         )
     header = ["device", "kind", "budget", "compute", "link h2d", "peak predicted", "peak measured"]
-    return ["Devices", *_table(header, rows)]
+    lines = ["Devices", *_table(header, rows)]
+    if any(g.last_rss_peak is not None for g in graphs):
+        lines.append(
+            "  host RSS: the whole process's resident memory during the last call (sampled "
+            "every 2 ms), Python and torch included; the budget and prediction cover the "
+            "model's weights and activations"
+        )
+    disk = first.runtime.disk
+    if disk is not None:
+        on_disk = sum(loc.nbytes for loc in disk.locations.values())
+        lines.append(
+            f"  disk tier: {len(disk.locations)} parameters ({format_bytes(on_disk)}) read "
+            f"from disk, page cache bypassed; {format_bytes(disk.reader.bytes_read)} read so far"
+        )
+    return lines
 
 
 def explain_graph(graph: CompiledGraph) -> str:

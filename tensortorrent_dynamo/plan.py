@@ -49,6 +49,8 @@ class GraphPlan:
     devices: tuple[PlannedDevice, ...]
     native: _planner.Plan
     objective: str
+    # each parameter's tier between runs: "host" (RAM) or "disk"
+    param_home: tuple[str, ...] = ()
 
     @property
     def plan_hash(self) -> str:
@@ -69,6 +71,11 @@ class GraphPlan:
 
     def is_streamed(self, param_id: int) -> bool:
         return self.native.param_streamed[param_id]
+
+    def on_disk(self, param_id: int) -> bool:
+        """Whether the parameter's home is disk (read from there, kept in RAM only
+        when the plan keeps it resident)."""
+        return bool(self.param_home) and self.param_home[param_id] == "disk"
 
     def param_placement(self) -> dict[str, str]:
         """Where each parameter lives during a run, Accelerate's way: its device when
@@ -122,8 +129,45 @@ def plan_graph(
     profile: HostProfile,
     settings: Settings,
     already_resident: Mapping[str, int],
+    on_disk: frozenset[str] = frozenset(),
 ) -> GraphPlan:
-    """Run the native planner on ``cost``; raises ``PlanInfeasible`` when nothing fits."""
+    """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
+
+    Parameters named in ``on_disk`` (by fqn) live on disk already. The others live in
+    host RAM, unless the host budget cannot hold them: then every parameter's home is
+    disk, and the planner picks which ones the host keeps in RAM and which it reads
+    from disk on each run.
+    """
+    homes = ["disk" if p.fqn in on_disk else "host" for p in cost.params]
+    try:
+        return _plan_with_homes(graph_index, cost, profile, settings, already_resident, homes)
+    except PlanInfeasible as exc:
+        host_short = exc.min_budgets.get("cpu", 0) > _host_budget(profile, settings)
+        if "host" not in homes or not host_short:
+            raise
+        log.info(
+            "graph %d: the host budget cannot hold its weights in RAM (%s); planning with "
+            "the weights on disk",
+            graph_index,
+            exc,
+        )
+    disk = ["disk"] * len(cost.params)
+    return _plan_with_homes(graph_index, cost, profile, settings, already_resident, disk)
+
+
+def _host_budget(profile: HostProfile, settings: Settings) -> int:
+    host = next(d for d in profile.devices if d.is_host)
+    return settings.budgets.get(host.name, _default_budget(host))
+
+
+def _plan_with_homes(
+    graph_index: int,
+    cost: CostGraph,
+    profile: HostProfile,
+    settings: Settings,
+    already_resident: Mapping[str, int],
+    homes: list[str],
+) -> GraphPlan:
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
     native_devices = [
@@ -138,6 +182,12 @@ def plan_graph(
             latency_s=d.profile.latency_s,
             # an unmeasured bandwidth is infinite: memory traffic is then not modelled
             mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
+            # only the host reads from disk, and only when some parameter lives there
+            disk_bytes_per_s=(
+                profile.planned_disk_read_bytes_per_s
+                if d.profile.is_host and "disk" in homes
+                else math.inf
+            ),
         )
         for d in devices
     ]
@@ -149,12 +199,12 @@ def plan_graph(
         [(d.name, d.budget_bytes) for d in devices],
         host_compute,
     )
-    native_graph = cost.to_native()
+    native_graph = cost.to_native(homes)
     native = None
     entry = ""
     if plan_cache.enabled():
         entry = plan_cache.key(
-            cost, native_devices, settings.objective, host_compute, planner.version()
+            cost, native_devices, settings.objective, host_compute, planner.version(), homes
         )
         cached = plan_cache.lookup(entry)
         if cached is not None:
@@ -202,4 +252,5 @@ def plan_graph(
         devices=devices,
         native=native,
         objective=settings.objective,
+        param_home=tuple(homes),
     )

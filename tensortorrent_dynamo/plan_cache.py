@@ -40,10 +40,12 @@ def key(
     objective: str,
     host_compute: bool,
     planner_version: str,
+    param_home: Sequence[str] = (),
 ) -> str:
     """A hash of every input the planner reads."""
     data = {
         "graph": graph_hash(cost),
+        "param_home": list(param_home),
         "devices": [
             [
                 d.name,
@@ -54,6 +56,7 @@ def key(
                 d.d2h_bytes_per_s,
                 d.latency_s,
                 d.mem_bytes_per_s,
+                d.disk_bytes_per_s,
             ]
             for d in devices
         ],

@@ -67,7 +67,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
         new_args: list[Any] = []
         for arg in call.args:
             assert isinstance(arg, torch.fx.Node)
-            if arg.name in params and device != "cpu":
+            if arg.name in params and (device != "cpu" or plan.on_disk(params[arg.name][0])):
                 new_args.append(
                     _param_on_device(
                         graph,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
+import os
 import threading
 import time
 import weakref
@@ -22,12 +24,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
 import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import VirtualDeviceOutOfMemory
+from .offload import DiskReader, HostBufferPool, TensorLocation
 from .units import format_bytes
 
 
@@ -94,6 +98,45 @@ class Recorder:
             self.events.append(event)
 
 
+def rss_bytes() -> int:
+    """This process's resident set size now (``/proc/self/statm``; psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except OSError:
+        return int(psutil.Process().memory_info().rss)
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class RssSampler:
+    """The peak resident set size of this process while the block runs, sampled every
+    ``interval_s`` by a background thread (a peak shorter than that can be missed)."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> RssSampler:
+        self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._sample, name="tt-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
 class VirtualDevice:
     """A CPU-backed accelerator with its own ledger and a copy engine thread."""
 
@@ -103,6 +146,8 @@ class VirtualDevice:
         # storage data_ptr -> [nbytes, number of live tensors using it]
         self._storages: dict[int, list[int]] = {}
         self._tensors: dict[int, Any] = {}
+        # nbytes -> idle flat uint8 buffers of streamed parameters, reused across calls
+        self._idle: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
         self._copy_engine = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"tt-{name}-h2d"
@@ -113,14 +158,27 @@ class VirtualDevice:
             return tensor.untyped_storage().data_ptr() in self._storages
 
     def adopt(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
-        """Account ``tensor`` on this device until it is garbage collected."""
+        """Account ``tensor`` on this device until it is garbage collected.
+
+        When the device is full, idle pooled buffers are dropped first (as a caching
+        allocator frees its cache before reporting out of memory).
+        """
+        try:
+            self._account(tensor, what)
+        except VirtualDeviceOutOfMemory:
+            if not self.trim():
+                raise
+            self._account(tensor, what)
+        return tensor
+
+    def _account(self, tensor: torch.Tensor, what: str) -> None:
         storage = tensor.untyped_storage()
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if nbytes == 0:
-            return tensor
+            return
         with self._lock:
             if id(tensor) in self._tensors:
-                return tensor
+                return
             entry = self._storages.get(ptr)
             if entry is None:
                 self.ledger.allocate(nbytes, what)
@@ -128,7 +186,34 @@ class VirtualDevice:
             else:
                 entry[1] += 1
             self._tensors[id(tensor)] = weakref.finalize(tensor, self._release, id(tensor), ptr)
-        return tensor
+
+    def take(self, like: torch.Tensor | TensorLocation, what: str) -> torch.Tensor:
+        """A buffer shaped like ``like`` (a tensor or a disk location): an idle one of the
+        same size from the pool when there is one, else a new one on this device."""
+        dtype, shape = like.dtype, tuple(like.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        with self._lock:
+            idle = self._idle.get(nbytes)
+            flat = idle.pop() if idle else None
+        if flat is None:
+            flat = self.adopt(torch.empty(nbytes, dtype=torch.uint8), what)
+        # every tensor object over the buffer is adopted: the ledger frees the storage
+        # only when the last of them is gone
+        return self.adopt(flat.view(dtype).view(shape), what)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """Return a buffer from :meth:`take` to the pool, for the next call to reuse."""
+        flat = self.adopt(buffer.view(-1).view(torch.uint8), "idle buffer")
+        with self._lock:
+            self._idle.setdefault(flat.numel(), []).append(flat)
+
+    def trim(self) -> int:
+        """Drop every idle pooled buffer; returns how many were dropped."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        dropped = sum(len(buffers) for buffers in idle.values())
+        idle.clear()  # outside the lock: the ledger's finalizers take it
+        return dropped
 
     def _release(self, tensor_id: int, ptr: int) -> None:
         with self._lock:
@@ -145,17 +230,30 @@ class VirtualDevice:
         self.adopt(buffer, what)
         return buffer.copy_(tensor)
 
-    def copy_in_async(self, tensor: torch.Tensor, what: str, recorder: Recorder) -> PrefetchHandle:
-        buffer = torch.empty_like(tensor, device="cpu", memory_format=torch.preserve_format)
-        self.adopt(buffer, what)
+    def copy_in_async(
+        self,
+        source: Callable[[], torch.Tensor],
+        like: torch.Tensor | TensorLocation,
+        what: str,
+        recorder: Recorder,
+        after: Callable[[], None] | None = None,
+    ) -> PrefetchHandle:
+        """Copy ``source()`` (run on this device's copy engine, in issue order) into a pooled
+        buffer; ``after`` runs on the engine once the copy is done."""
+        buffer = self.take(like, what)
 
         def copy() -> None:
+            data = source()
             start = recorder.now()
-            buffer.copy_(tensor)
+            buffer.copy_(data)
             recorder.add(f"h2d {self.name}", "prefetch", what, start)
+            if after is not None:
+                after()
 
         future = self._copy_engine.submit(copy)
-        return PrefetchHandle(buffer=buffer, done=future.result)
+        return PrefetchHandle(
+            finish=lambda: (future.result(), buffer)[1], release=lambda: self.give(buffer)
+        )
 
     @contextmanager
     def executing(self) -> Iterator[None]:
@@ -183,23 +281,60 @@ class _AdoptOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
-@dataclasses.dataclass
 class PrefetchHandle:
-    """A copy in flight: ``done()`` blocks until it landed in ``buffer``."""
+    """A parameter on its way to a device: :meth:`result` blocks until it landed,
+    :meth:`release` hands its buffer back for reuse."""
 
-    buffer: torch.Tensor | None
-    done: Callable[[], object]
+    def __init__(
+        self,
+        finish: Callable[[], torch.Tensor],
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self._finish: Callable[[], torch.Tensor] | None = finish
+        self._release = release
+        self._tensor: torch.Tensor | None = None
+
+    def result(self) -> torch.Tensor:
+        if self._tensor is None:
+            assert self._finish is not None, "wait() after evict(): the schedule is out of order"
+            self._tensor = self._finish()
+        return self._tensor
+
+    def release(self) -> None:
+        if self._finish is not None and self._tensor is None:
+            self.result()  # never hand back a buffer a copy is still writing
+        self._tensor = None
+        self._finish = None
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+@dataclasses.dataclass
+class DiskTier:
+    """Parameters whose home is disk: where each one is, and the reader that fetches them
+    into pooled host buffers (page cache bypassed)."""
+
+    locations: dict[str, TensorLocation]
+    reader: DiskReader
+    pool: HostBufferPool
+
+    def read_now(self, key: str) -> torch.Tensor:
+        """The parameter ``key`` read into a host tensor of its own (kept, not pooled)."""
+        return self.reader.submit(self.locations[key]).result().tensor
 
 
 class Runtime(torch.nn.Module):
     """Devices, resident copies and the copy engines one rewritten graph runs with."""
 
-    def __init__(self, virtual: dict[str, VirtualDevice]) -> None:
+    def __init__(self, virtual: dict[str, VirtualDevice], disk: DiskTier | None = None) -> None:
         super().__init__()
         self.virtual = virtual
+        self.disk = disk
         # key -> (device copy, the source tensor, its version when copied)
         self._resident: dict[str, tuple[torch.Tensor, weakref.ref[torch.Tensor], int]] = {}
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
+        self._cuda_copy_engines: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self.recorder = Recorder()
 
     def owner(self, tensor: torch.Tensor) -> str:
@@ -224,8 +359,21 @@ class Runtime(torch.nn.Module):
             return tensor.to(device, copy=True)
         return tensor.to(device, non_blocking=device != "cpu")
 
+    def _disk_location(self, key: str) -> TensorLocation | None:
+        return self.disk.locations.get(key) if self.disk is not None else None
+
     def make_resident(self, key: str, param: torch.Tensor, device: str) -> torch.Tensor:
-        copy = self.move(param.detach(), device, f"resident {key}")
+        """The copy of ``param`` kept on ``device``; a parameter whose weights were released
+        to disk is read from there first. On the host, a live parameter is itself."""
+        source = param.detach()
+        if self._disk_location(key) is not None and source.untyped_storage().nbytes() == 0:
+            assert self.disk is not None
+            start = self.recorder.now()
+            source = self.disk.read_now(key)
+            self.recorder.add("disk->cpu", "read", f"resident {key}", start)
+        elif device == "cpu":
+            return param
+        copy = source if device == "cpu" else self.move(source, device, f"resident {key}")
         self._resident[key] = (copy, weakref.ref(param), param._version)
         return copy
 
@@ -244,22 +392,77 @@ class Runtime(torch.nn.Module):
             if self.owner(t) == device
         )
 
-    def prefetch(self, param: torch.Tensor, device: str, what: str) -> PrefetchHandle:
+    def prefetch(self, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
+        """Start bringing a streamed parameter to ``device``: from disk when its home is
+        disk, else from host RAM; returns at once."""
+        what = f"streamed {key}"
+        location = self._disk_location(key)
+        if location is None:
+            return self._prefetch_from_host(param.detach(), device, what)
+        assert self.disk is not None
+        disk = self.disk
+        start = self.recorder.now()
+        read = disk.reader.submit(location)
+        read.add_done_callback(lambda _: self.recorder.add("disk->cpu", "read", what, start))
+
+        def landed() -> torch.Tensor:
+            return read.result().tensor
+
+        def give_back() -> None:
+            disk.pool.give(read.result().buffer)
+
+        if device == "cpu":
+            return PrefetchHandle(finish=landed, release=give_back)
         if device in self.virtual:
-            return self.virtual[device].copy_in_async(param.detach(), what, self.recorder)
+            return self.virtual[device].copy_in_async(
+                landed, location, what, self.recorder, after=give_back
+            )
+        return self._prefetch_cuda(landed, device, what, after=give_back)
+
+    def _prefetch_from_host(self, param: torch.Tensor, device: str, what: str) -> PrefetchHandle:
+        if device in self.virtual:
+            return self.virtual[device].copy_in_async(lambda: param, param, what, self.recorder)
+        return self._prefetch_cuda(lambda: param, device, what)
+
+    def _prefetch_cuda(
+        self,
+        source: Callable[[], torch.Tensor],
+        device: str,
+        what: str,
+        after: Callable[[], None] | None = None,
+    ) -> PrefetchHandle:
+        """A non-blocking copy on ``device``'s copy stream, issued by its copy engine thread
+        once ``source()`` is ready; compute waits on the copy's event, not on the host."""
         stream = self._cuda_copy_streams.get(device)
         if stream is None:
             stream = self._cuda_copy_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        with torch.cuda.stream(stream):
-            buffer = param.detach().to(device, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(stream)
+            self._cuda_copy_engines[device] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"tt-{device}-h2d"
+            )
 
-        def done() -> None:
-            torch.cuda.current_stream(device).wait_event(event)
-            buffer.record_stream(torch.cuda.current_stream(device))
+        def copy() -> tuple[torch.Tensor, torch.cuda.Event]:
+            data = source()
+            start = self.recorder.now()
+            with torch.cuda.stream(stream):
+                buffer = data.to(device, non_blocking=True)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            if after is not None:
+                event.synchronize()  # the host buffer goes back to its pool: the copy must be done
+                self.recorder.add(f"h2d {device}", "prefetch", what, start)
+                after()
+            return buffer, event
 
-        return PrefetchHandle(buffer=buffer, done=done)
+        future = self._cuda_copy_engines[device].submit(copy)
+
+        def finish() -> torch.Tensor:
+            buffer, event = future.result()
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)
+            buffer.record_stream(current)
+            return buffer
+
+        return PrefetchHandle(finish=finish)
 
 
 def transfer(rt: Runtime, value: Any, device: str) -> Any:
@@ -280,19 +483,17 @@ def resident(rt: Runtime, param: torch.Tensor, key: str, device: str) -> torch.T
 
 def prefetch(rt: Runtime, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
     """Start copying a streamed parameter to ``device``; returns at once."""
-    return rt.prefetch(param, device, f"streamed {key}")
+    return rt.prefetch(param, key, device)
 
 
 def wait(handle: PrefetchHandle) -> torch.Tensor:
     """The prefetched parameter, once its copy has landed."""
-    handle.done()
-    assert handle.buffer is not None, "wait() after evict(): the schedule is out of order"
-    return handle.buffer
+    return handle.result()
 
 
 def evict(handle: PrefetchHandle) -> None:
-    """Drop the runtime's hold on a streamed parameter after its last use."""
-    handle.buffer = None
+    """Hand a streamed parameter's buffer back for reuse after its last use."""
+    handle.release()
 
 
 for _op in (prefetch, evict):

@@ -82,6 +82,11 @@ class Settings:
             searching; each graph must match the graph and hardware it was saved for.
         replan: what a saved plan that no longer matches does: ``"error"`` refuses it,
             ``"auto"`` plans again and warns why.
+        offload_dir: directory of the disk tier: parameters whose home the plan makes disk
+            are written there once (safetensors shards with a manifest of checksums) and read
+            back each run. ``None`` means ``<cache dir>/offload``.
+        checkpoint: path of a safetensors file holding the weights of a model built on the
+            meta device; its parameters stay on disk and are read from this file.
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -93,6 +98,8 @@ class Settings:
     profile: str = dataclasses.field(default_factory=default_profile)
     plan: str | None = None
     replan: Replan = "error"
+    offload_dir: str | None = None
+    checkpoint: str | None = None
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -117,6 +124,8 @@ class Settings:
                 for name, spec in self.virtual_devices.items()
             },
             "profile": self.profile,
+            "offload_dir": self.offload_dir,
+            "checkpoint": self.checkpoint,
         }
 
 
@@ -129,6 +138,8 @@ OPTION_HELP: dict[str, str] = {
     "virtual_devices": "dict 'virtual:N' -> {" + ", ".join(_VIRTUAL_KEYS) + "}",
     "plan": "path of a saved plan to reproduce (CompiledModule.save)",
     "replan": "when a saved plan no longer matches: 'error' (default) or 'auto'",
+    "offload_dir": "directory of the disk tier (default: <cache dir>/offload)",
+    "checkpoint": "safetensors file with the weights of a model built on the meta device",
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
         f"default 'auto' or ${PROFILE_ENV}"
@@ -255,7 +266,20 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
     if plan is not None and not Path(str(plan)).is_file():
         raise OptionsError(f"option 'plan': no saved plan at {plan!r}")
 
+    offload_dir = merged.get("offload_dir")
+    if offload_dir is not None:
+        if not isinstance(offload_dir, (str, os.PathLike)):
+            raise OptionsError(f"option 'offload_dir': {OPTION_HELP['offload_dir']}")
+        offload_dir = str(Path(offload_dir).expanduser().resolve())
+    checkpoint = merged.get("checkpoint")
+    if checkpoint is not None:
+        if not isinstance(checkpoint, (str, os.PathLike)) or not Path(checkpoint).is_file():
+            raise OptionsError(f"option 'checkpoint': no safetensors file at {checkpoint!r}")
+        checkpoint = str(Path(checkpoint).resolve())
+
     return Settings(
+        offload_dir=offload_dir,
+        checkpoint=checkpoint,
         plan=str(Path(str(plan)).resolve()) if plan is not None else None,
         replan=cast(Replan, _choice(merged.get("replan", "error"), "replan", get_args(Replan))),
         budgets=budgets,

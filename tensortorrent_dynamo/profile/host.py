@@ -19,6 +19,7 @@ NOMINAL_CPU_LATENCY_S = 5e-6
 NOMINAL_CUDA_FLOPS = 5e13
 NOMINAL_CUDA_LINK_BYTES_PER_S = 2.5e10
 NOMINAL_CUDA_LATENCY_S = 1e-5
+NOMINAL_DISK_READ_BYTES_PER_S = 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,11 @@ class HostProfile:
     def disk_read_bytes_per_s(self) -> float | None:
         """Sequential read bandwidth at the offload directory, if measured."""
         return self.measurements.disk.read.value if self.measurements else None
+
+    @property
+    def planned_disk_read_bytes_per_s(self) -> float:
+        """The disk read rate the planner uses: measured, else the nominal 1 GB/s."""
+        return self.disk_read_bytes_per_s or NOMINAL_DISK_READ_BYTES_PER_S
 
     @property
     def disk_write_bytes_per_s(self) -> float | None:

@@ -26,6 +26,7 @@ def _compiled() -> tt.CompiledModule:
 def _mask_measured_times(text: str) -> str:
     """Wall-clock figures change from run to run; everything else must not."""
     text = re.sub(r"(measured \(last call\): )[0-9.]+ (us|ms|s)", r"\1<time>", text)
+    text = re.sub(r"[0-9.]+ [KMG]iB RSS", "<rss>", text)
     return re.sub(r"(?m)^(  submod_.*  )[0-9.]+ (us|ms|s)$", r"\1<time>", text)
 
 
@@ -40,8 +41,9 @@ TensorTorrent plan: 1 graph(s), objective latency, profile nominal
 
 Devices
   device     kind     budget     compute        link h2d    peak predicted  peak measured
-  cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       -
+  cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       <rss>
   virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
+  host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
 Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 2fb6368321de4a9f
   candidates (searched all families: 2633 candidates simulated (18431 nodes)):

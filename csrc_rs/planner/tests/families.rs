@@ -338,3 +338,27 @@ fn deeper_prefetch_issues_earlier_and_holds_more() {
     assert_eq!(deeper.param_streamed, vec![true; 8]);
     assert_eq!(deeper.param_issue_segment, [-1, -1, 1, 2, 3, 4, 5, 6]);
 }
+
+#[test]
+fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
+    // 1 GiB of weights on disk, a host budget of half that: the host keeps
+    // about half in memory and reads the others each run.
+    let g = deep_mlp(16)
+        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
+        .unwrap();
+    let mut cpu = host(GIB / 2);
+    cpu.flops_per_s = 1e11;
+    cpu.mem_bytes_per_s = 2e10;
+    cpu.disk_bytes_per_s = 1e9;
+    let p = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    assert_eq!(p.chosen, "all-on-cpu/knapsack", "{:?}", p.candidates);
+    assert!(p.peak_bytes[0] <= GIB / 2);
+    let resident = p.param_streamed.iter().filter(|&&s| !s).count();
+    assert!((5..=7).contains(&resident), "{resident} resident");
+    let streamed = p
+        .candidates
+        .iter()
+        .find(|c| c.name == "all-on-cpu/streamed")
+        .unwrap();
+    assert!(p.predicted_time_s < streamed.predicted_time_s);
+}

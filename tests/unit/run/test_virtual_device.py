@@ -36,10 +36,9 @@ def test_copies_are_real_and_owned() -> None:
     assert dev.owns(copy) and not dev.owns(src)
     torch.testing.assert_close(copy, src)
     recorder = Recorder()
-    handle = dev.copy_in_async(src, "y", recorder)
-    handle.done()
-    assert handle.buffer is not None
-    torch.testing.assert_close(handle.buffer, src)
+    handle = dev.copy_in_async(lambda: src, src, "y", recorder)
+    torch.testing.assert_close(handle.result(), src)
+    assert dev.owns(handle.result())
     (event,) = recorder.events
     assert (event.resource, event.label) == ("h2d virtual:0", "y")
     assert 0 <= event.start_s <= event.end_s
@@ -63,3 +62,28 @@ def test_over_capacity_fails_like_an_oom() -> None:
     with pytest.raises(VirtualDeviceOutOfMemory, match="virtual:0"):
         dev.copy_in(torch.ones(200), "b")
     assert dev.ledger.live == 800 and keep.numel() == 200
+
+
+def test_streamed_buffers_are_reused_not_reallocated() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    recorder = Recorder()
+    first = dev.copy_in_async(lambda: torch.ones(100), torch.ones(100), "w", recorder)
+    ptr = first.result().data_ptr()
+    first.release()
+    assert dev.ledger.live == 400, "an idle buffer stays on the device, in the pool"
+    second = dev.copy_in_async(lambda: torch.zeros(10, 10), torch.zeros(10, 10), "w", recorder)
+    assert second.result().data_ptr() == ptr and second.result().shape == (10, 10)
+    torch.testing.assert_close(second.result(), torch.zeros(10, 10))
+    assert dev.ledger.live == 400 and dev.ledger.peak == 400
+    with pytest.raises(AssertionError, match="out of order"):
+        second.release()
+        second.result()
+
+
+def test_idle_buffers_are_dropped_before_running_out_of_memory() -> None:
+    dev = VirtualDevice("virtual:0", capacity=1000)
+    handle = dev.copy_in_async(lambda: torch.ones(200), torch.ones(200), "w", Recorder())
+    handle.release()
+    assert dev.ledger.live == 800
+    other = dev.copy_in(torch.ones(100), "x")  # needs 400: the idle 800 go first
+    assert dev.ledger.live == 400 and other.numel() == 100

@@ -7,7 +7,9 @@
 //!   `all-on-<a>/streamed` (every parameter streamed); with host compute, `all-on-<host>` (and
 //!   `all-on-<host>/streamed` when parameters live on disk). Always run.
 //! * `knapsack`: `all-on-<a>/knapsack`, the resident set chosen by a
-//!   knapsack on the transfer time each parameter's residency saves.
+//!   knapsack on the transfer time each parameter's residency saves; with
+//!   host compute and parameters on disk, `all-on-<host>/knapsack` too (the
+//!   parameters the host keeps in memory, the others read each run).
 //! * `segments`: contiguous segments over the topological order by dynamic
 //!   programming over every usable device, each accelerator taking the
 //!   parameters that fit what its budget leaves (see `dp`); residency then
@@ -637,9 +639,12 @@ fn streamed_trial(s: &mut Search, node_device: Vec<u32>) -> Trial {
     }
 }
 
-/// The `knapsack` family.
+/// The `knapsack` family: on each accelerator, and on the host when
+/// parameters live on disk (which of them the host keeps in memory).
 fn knapsack_family(s: &mut Search) {
-    for a in 1..s.devices.len() as u32 {
+    let host = s.host_compute && s.g.has_disk_params();
+    let devices = (1..s.devices.len() as u32).chain(host.then_some(HOST));
+    for a in devices {
         if s.out_of_time() {
             return;
         }

@@ -1,0 +1,180 @@
+"""Parameters whose home is disk: where their bytes are, and giving their RAM back.
+
+A parameter lives on disk in one of two ways:
+
+* the model was built on the meta device and its weights are in the user's safetensors
+  checkpoint (``checkpoint=``): :func:`bind_checkpoint` gives each meta tensor a CPU
+  placeholder of the right shape and dtype with no storage, and remembers where its
+  bytes are in the file;
+* the plan made its home disk because the host budget cannot hold the weights:
+  :func:`place_on_disk` writes the parameters the plan streams to the offload store
+  (once: the store keeps checksums and reuses what is already there) and then releases
+  their RAM, leaving the model's tensor an empty placeholder.
+
+Either way the tensor is *released*: its storage holds no bytes, its shape, dtype and
+identity are unchanged (so Dynamo's guards still hold), and :func:`released_location`
+says where its bytes are. The runtime reads them from there on each run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+from .offload import OffloadStore, TensorLocation, safetensors_locations
+from .plan import GraphPlan
+from .profile.cache import cache_dir
+from .settings import Settings
+from .units import format_bytes
+
+log = logging.getLogger(__name__)
+
+# id(tensor) -> (weak reference to it, where its bytes are)
+_released: dict[int, tuple[weakref.ref[torch.Tensor], TensorLocation]] = {}
+
+
+def released_location(tensor: torch.Tensor) -> TensorLocation | None:
+    """Where the bytes of a released tensor are; ``None`` for a tensor that holds its own."""
+    entry = _released.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return None
+    return entry[1]
+
+
+def _release(tensor: torch.Tensor, location: TensorLocation) -> None:
+    """Give the tensor's RAM back: the same tensor object now holds an empty placeholder."""
+    key = id(tensor)
+    _released[key] = (weakref.ref(tensor, lambda _: _released.pop(key, None)), location)
+    tensor.data = _placeholder(location)
+
+
+def _placeholder(location: TensorLocation) -> torch.Tensor:
+    """A CPU tensor of the location's shape and dtype that holds no bytes.
+
+    ``torch.empty`` reserves address space only; the pages are never touched before the
+    storage is resized to nothing, so the placeholder never costs RAM.
+    """
+    tensor = torch.empty(location.shape, dtype=location.dtype)
+    tensor.untyped_storage().resize_(0)
+    return tensor
+
+
+def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int:
+    """Point every meta parameter and buffer of ``model`` at its bytes in the safetensors
+    file ``path``; returns how many were bound. Nothing is read but the file's header.
+
+    Raises :class:`CheckpointError` when a meta tensor is missing from the file or differs
+    from it in shape or dtype.
+    """
+    locations = safetensors_locations(path)
+    bound = 0
+    seen: dict[int, torch.Tensor] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for table in (module._parameters, module._buffers):
+            for name, tensor in list(table.items()):
+                if tensor is None or tensor.device.type != "meta":
+                    continue
+                if id(tensor) in seen:  # tied weights: one placeholder for every name
+                    table[name] = seen[id(tensor)]
+                    continue
+                replacement = _bound(tensor, _find(model, tensor, prefix + name, locations, path))
+                seen[id(tensor)] = replacement
+                table[name] = replacement
+                bound += 1
+    log.info("bound %d meta tensors of the model to %s", bound, path)
+    return bound
+
+
+def _find(
+    model: torch.nn.Module,
+    tensor: torch.Tensor,
+    fqn: str,
+    locations: dict[str, TensorLocation],
+    path: str | os.PathLike[str],
+) -> TensorLocation:
+    """The checkpoint entry of ``tensor``: by ``fqn``, else by any other name it has
+    (a tied weight may be stored under either)."""
+    names = [fqn]
+    names += [n for n, p in model.named_parameters(remove_duplicate=False) if p is tensor]
+    names += [n for n, b in model.named_buffers(remove_duplicate=False) if b is tensor]
+    location = next((locations[n] for n in names if n in locations), None)
+    if location is None:
+        raise CheckpointError(
+            f"{path}: no tensor named {fqn!r}; the model's {fqn} is on the meta device, so "
+            "its weights must be in the checkpoint (buffers computed at construction can be "
+            "kept real with accelerate.init_empty_weights(include_buffers=False))"
+        )
+    if tuple(location.shape) != tuple(tensor.shape) or location.dtype != tensor.dtype:
+        raise CheckpointError(
+            f"{path}: {location.key} is {location.dtype} {list(location.shape)} in the file but "
+            f"the model's {fqn} is {tensor.dtype} {list(tensor.shape)}"
+        )
+    return location
+
+
+def _bound(tensor: torch.Tensor, location: TensorLocation) -> torch.Tensor:
+    placeholder = _placeholder(location)
+    if isinstance(tensor, torch.nn.Parameter):
+        placeholder = torch.nn.Parameter(placeholder, requires_grad=tensor.requires_grad)
+    key = id(placeholder)
+    _released[key] = (weakref.ref(placeholder, lambda _: _released.pop(key, None)), location)
+    return placeholder
+
+
+def offload_dir(settings: Settings) -> Path:
+    """The disk tier's directory: the ``offload_dir`` option, else ``<cache dir>/offload``."""
+    return Path(settings.offload_dir) if settings.offload_dir else cache_dir() / "offload"
+
+
+def place_on_disk(
+    plan: GraphPlan, example_inputs: Sequence[Any], settings: Settings
+) -> dict[str, TensorLocation]:
+    """Where each parameter of ``plan`` whose home is disk is, by fqn.
+
+    Parameters the plan streams from disk and that still hold their bytes are written
+    to the offload store, then their RAM is released; those the plan keeps in RAM stay
+    as they are (and are not in the result unless already released).
+    """
+    locations: dict[str, TensorLocation] = {}
+    to_write: dict[str, torch.Tensor] = {}
+    for pid, ref in enumerate(plan.cost.params):
+        if not plan.on_disk(pid):
+            continue
+        tensor = example_inputs[ref.arg_index]
+        location = released_location(tensor)
+        if location is not None:
+            locations[ref.fqn] = location
+        elif plan.is_streamed(pid):
+            to_write[ref.fqn] = tensor
+    if not to_write:
+        return locations
+    # One directory per set of parameters (names, shapes, dtypes): models of another
+    # architecture never share shards; the same one reuses what is already written.
+    layout = sorted((k, str(t.dtype), list(t.shape)) for k, t in to_write.items())
+    digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+    store = OffloadStore(offload_dir(settings) / digest)
+    written = store.write({k: t.detach() for k, t in to_write.items()})
+    for fqn, tensor in to_write.items():
+        _release(tensor, written[fqn])
+    locations.update(written)
+    total = sum(w.nbytes for w in written.values())
+    log.warning(
+        "graph %d: %d parameters (%s) now live on disk in %s and their RAM was released; "
+        "the model's tensors are empty placeholders, so call the model through the compiled "
+        "module only",
+        plan.graph_index,
+        len(to_write),
+        format_bytes(total),
+        store.directory,
+    )
+    return locations

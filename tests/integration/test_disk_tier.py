@@ -1,0 +1,189 @@
+"""The disk tier end to end: weights larger than the host budget live on disk and are read
+back each run; a meta-device model runs from its safetensors checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tensortorrent as tt
+from tensortorrent_dynamo.homes import released_location
+from tests.models import mlp, param_bytes
+
+FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
+
+
+def _host_budget(model: torch.nn.Module) -> int:
+    return param_bytes(model) // 2
+
+
+def _compile(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path, **options: Any) -> Any:
+    return tt.compile(
+        model, (x,), offload_dir=str(tmp_path / "offload"), compiler="eager", **options
+    )
+
+
+def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None:
+    model, x = mlp(256, 8), torch.randn(16, 256)
+    with torch.no_grad():
+        expected = model(x)
+    budget = _host_budget(model)
+    compiled = _compile(model, x, tmp_path, budgets={"cpu": budget})
+    plan = compiled.graphs[0].plan
+    assert all(home == "disk" for home in plan.param_home)
+    assert plan.native.chosen == "all-on-cpu/knapsack"
+    assert plan.predicted_peak("cpu") <= budget
+    streamed = [i for i in range(len(plan.cost.params)) if plan.is_streamed(i)]
+    kept = [i for i in range(len(plan.cost.params)) if not plan.is_streamed(i)]
+    assert streamed and kept, "half the weights fit: some stay in RAM, the others stream"
+
+    # the streamed weights left RAM; the model's tensors are empty placeholders now
+    params = dict(model.named_parameters())
+    for i in streamed:
+        tensor = params[plan.cost.params[i].fqn]
+        assert tensor.untyped_storage().nbytes() == 0
+        assert released_location(tensor) is not None
+    assert (tmp_path / "offload").is_dir()
+
+    with torch.no_grad():
+        for _ in range(2):  # the second call reuses the pooled host buffers
+            torch.testing.assert_close(compiled(x), expected)
+            assert compiled.disk_bytes_read() == sum(plan.cost.params[i].nbytes for i in streamed)
+    assert "prefetch" in compiled.graphs[0].module.code
+    text = compiled.explain()
+    assert "disk tier:" in text and "RSS" in text
+
+
+def test_disk_feeds_a_virtual_accelerator(tmp_path: Path) -> None:
+    model, x = mlp(192, 6), torch.randn(32, 192)
+    with torch.no_grad():
+        expected = model(x)
+    size = param_bytes(model)
+    device_budget = size // 2
+    compiled = _compile(
+        model,
+        x,
+        tmp_path,
+        budgets={"cpu": size // 3, "virtual:0": device_budget},
+        virtual_devices=FAST_VIRTUAL,
+        devices=["virtual:0"],
+    )
+    plan = compiled.graphs[0].plan
+    assert "disk" in plan.param_home
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), expected)
+    assert compiled.disk_bytes_read() > 0
+    assert 0 < compiled.measured_peaks()["virtual:0"] <= device_budget
+
+
+def test_offload_store_is_written_once_and_repaired_from_the_weights(tmp_path: Path) -> None:
+    model, x = mlp(128, 6), torch.randn(8, 128)
+    with torch.no_grad():
+        expected = model(x)
+    budget = _host_budget(model)
+    _compile(mlp(128, 6), x, tmp_path, budgets={"cpu": budget})
+    shards = sorted((tmp_path / "offload").rglob("*.safetensors"))
+    assert shards
+    before = {p: p.stat().st_mtime_ns for p in shards}
+
+    # the same weights compiled again: nothing is written
+    torch._dynamo.reset()
+    tt.tensortorrent_backend.reset()
+    _compile(mlp(128, 6), x, tmp_path, budgets={"cpu": budget})
+    assert {p: p.stat().st_mtime_ns for p in shards} == before
+
+    # a shard damaged on disk is found by its checksum and written again from the weights
+    data = bytearray(shards[0].read_bytes())
+    data[-1] ^= 0xFF
+    shards[0].write_bytes(bytes(data))
+    torch._dynamo.reset()
+    tt.tensortorrent_backend.reset()
+    compiled = _compile(model, x, tmp_path, budgets={"cpu": budget})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
+
+
+# Runs in a fresh process so that its peak RSS is its own: builds the model on the meta
+# device, binds it to the checkpoint and runs it with a RAM budget of a quarter of it.
+_CHECKPOINT_RUN = """
+import json, resource, sys
+import torch
+import tensortorrent as tt
+from tests.models import mlp
+
+ckpt, offload, x_path = sys.argv[1:4]
+x = torch.load(x_path)
+with torch.no_grad():  # warm Dynamo and the backend up on a tiny model first
+    tt.compile(mlp(8, 1), (torch.randn(2, 8),), compiler="eager")(torch.randn(2, 8))
+torch._dynamo.reset()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with torch.device("meta"):
+    model = mlp(1024, 16)
+budget = 16 * 1024 * 1024
+compiled = tt.compile(model, (x,), checkpoint=ckpt, budgets={"cpu": budget},
+                      offload_dir=offload, compiler="eager")
+with torch.no_grad():
+    out = compiled(x)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+torch.save(out, x_path + ".out")
+print(json.dumps({"growth": peak - base, "read": compiled.disk_bytes_read(),
+                  "chosen": compiled.graphs[0].plan.native.chosen}))
+"""
+
+
+def test_meta_model_runs_from_its_checkpoint_without_holding_its_weights(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model, x = mlp(1024, 16), torch.randn(4, 1024)
+    size = param_bytes(model)  # 64 MiB
+    with torch.no_grad():
+        expected = model(x)
+    ckpt = tmp_path / "model.safetensors"
+    save_file(model.state_dict(), str(ckpt))
+    del model
+    torch.save(x, tmp_path / "x.pt")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [
+            *(sys.executable, "-c", textwrap.dedent(_CHECKPOINT_RUN)),
+            *(str(ckpt), str(tmp_path / "offload"), str(tmp_path / "x.pt")),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(torch.load(tmp_path / "x.pt.out"), expected)
+    assert result["read"] > 0
+    # never all the weights at once: the budget (a quarter) plus room for the process
+    assert result["growth"] < size // 2, result
+
+
+def test_meta_parameters_without_a_checkpoint_are_refused() -> None:
+    with torch.device("meta"):
+        model = mlp(16, 2)
+    with pytest.raises(tt.TensorTorrentError, match="meta"):
+        tt.compile(model, (torch.randn(2, 16),), compiler="eager")
+
+
+def test_checkpoint_missing_a_tensor_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = mlp(16, 2).state_dict()
+    state.pop("2.bias")
+    save_file(state, str(tmp_path / "partial.safetensors"))
+    with torch.device("meta"):
+        model = mlp(16, 2)
+    with pytest.raises(tt.CheckpointError, match=r"2\.bias"):
+        tt.bind_checkpoint(model, tmp_path / "partial.safetensors")
