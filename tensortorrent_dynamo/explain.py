@@ -67,6 +67,44 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
     return lines
 
 
+def _union_s(spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by at least one span (overlapping reads count once)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def _explain_disk(graph: CompiledGraph) -> list[str]:
+    """What the graph reads from disk: planned bytes and time, and the last call's."""
+    plan = graph.plan
+    params = plan.cost.params
+    on_disk = [i for i in range(len(params)) if plan.on_disk(i)]
+    if not on_disk:
+        return []
+    read = [i for i in on_disk if plan.is_streamed(i)]
+    kept = [i for i in on_disk if not plan.is_streamed(i)]
+    read_bytes = sum(params[i].nbytes for i in read)
+    rate = graph.profile.planned_disk_read_bytes_per_s
+    lines = [
+        f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
+        f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
+        f"planned read time {format_seconds(read_bytes / rate)} at {format_rate(rate, 'B/s')}"
+    ]
+    spans = [
+        (e.start_s, e.end_s) for e in graph.runtime.recorder.events if e.resource == "disk->cpu"
+    ]
+    if spans:
+        busy = _union_s(spans)
+        lines.append(
+            f"    measured (last call): {len(spans)} reads, disk busy {format_seconds(busy)}"
+            + (f", {format_rate(read_bytes / busy, 'B/s')}" if busy > 0 and read else "")
+        )
+    return lines
+
+
 def explain_graph(graph: CompiledGraph) -> str:
     """The plan of one graph as text."""
     plan = graph.plan
@@ -146,6 +184,7 @@ def explain_graph(graph: CompiledGraph) -> str:
         )
     else:
         lines.append("  streamed parameters: none")
+    lines += _explain_disk(graph)
     fallbacks = cost.fallbacks
     if fallbacks:
         lines.append("  on the CPU because they cannot be placed elsewhere:")

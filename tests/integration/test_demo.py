@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensortorrent_dynamo.demo import run_demo
+from tensortorrent_dynamo.demo import run_demo, run_disk_demo
 
 
 def test_demo_streams_a_model_larger_than_its_budget() -> None:
@@ -11,4 +11,12 @@ def test_demo_streams_a_model_larger_than_its_budget() -> None:
     assert 0 < result.measured_peak_bytes <= result.budget_bytes
     assert result.max_abs_diff <= result.tolerance
     assert "streamed parameters (" in result.explain
+    assert result.ok
+
+
+def test_demo_runs_the_model_from_disk_under_a_ram_budget() -> None:
+    result = run_disk_demo()
+    assert result.disk_bytes_read > 0
+    assert result.predicted_host_peak_bytes <= result.budget_bytes
+    assert "disk tier:" in result.explain
     assert result.ok
