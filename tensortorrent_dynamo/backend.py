@@ -29,7 +29,7 @@ from .offload import DiskReader, HostBufferPool, TensorLocation
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
 from .rewrite import rewrite
-from .run import DiskTier, RssSampler, Runtime, VirtualDevice
+from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
 
 register()  # torch normally did this through the entry point; cheap and idempotent
@@ -89,17 +89,18 @@ class Session:
     virtual: dict[str, VirtualDevice]
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     disk: DiskTier | None = None
+    resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
     # (hash of the graph's code, hash of its costs) -> the graph compiled from it
     by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
 
-    def resident_bytes(self) -> dict[str, int]:
-        held: dict[str, int] = {}
-        for graph in self.graphs:
-            for device in graph.plan.devices:
-                held[device.name] = held.get(device.name, 0) + graph.runtime.resident_bytes(
-                    device.name
-                )
-        return held
+    def resident_bytes(self, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Bytes held resident per device by the graphs so far, less the parameters named
+        in ``exclude`` (a new graph that uses them shares their copies)."""
+        if not self.graphs:
+            return {}
+        runtime = self.graphs[0].runtime
+        names = {d.name for g in self.graphs for d in g.plan.devices}
+        return {name: runtime.resident_bytes(name, exclude) for name in sorted(names)}
 
     def disk_tier(self, locations: Mapping[str, TensorLocation]) -> DiskTier | None:
         """The session's disk tier (one reader and host buffer pool for every graph),
@@ -231,13 +232,12 @@ class TensorTorrentBackend:
         on_disk = frozenset(
             p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
         )
-        plan = plan_graph(
-            len(session.graphs), cost, profile, settings, session.resident_bytes(), on_disk
-        )
+        held = session.resident_bytes(exclude=frozenset(p.fqn for p in cost.params))
+        plan = plan_graph(len(session.graphs), cost, profile, settings, held, on_disk)
         if settings.plan is not None:
             self._check_saved(settings, cost, profile, plan)
         locations = place_on_disk(plan, example_inputs, settings)
-        runtime = Runtime(session.virtual, session.disk_tier(locations))
+        runtime = Runtime(session.virtual, session.disk_tier(locations), session.resident)
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)
         compilers = compile_segments(rewritten, runtime, settings)

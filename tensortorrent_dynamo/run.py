@@ -320,19 +320,54 @@ class DiskTier:
     pool: HostBufferPool
 
     def read_now(self, key: str) -> torch.Tensor:
-        """The parameter ``key`` read into a host tensor of its own (kept, not pooled)."""
-        return self.reader.submit(self.locations[key]).result().tensor
+        """The parameter ``key`` read into a host tensor of its own, of its exact size (the
+        pooled read buffer, aligned and padded for ``O_DIRECT``, goes back to the pool)."""
+        read = self.reader.submit(self.locations[key]).result()
+        tensor = read.tensor.clone()
+        self.pool.give(read.buffer)
+        return tensor
+
+
+class ResidentCopies:
+    """The copies of parameters kept on a device for the whole run, by parameter and device.
+
+    A copy is valid while its parameter is alive and unchanged (same ``_version``).
+    """
+
+    def __init__(self) -> None:
+        # (id(param), device) -> (fqn, copy, the parameter, its version when copied)
+        self._copies: dict[
+            tuple[int, str], tuple[str, torch.Tensor, weakref.ref[torch.Tensor], int]
+        ] = {}
+
+    def get(self, param: torch.Tensor, device: str) -> torch.Tensor | None:
+        entry = self._copies.get((id(param), device))
+        if entry is None or entry[2]() is not param or entry[3] != param._version:
+            return None
+        return entry[1]
+
+    def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
+        self._copies[(id(param), device)] = (fqn, copy, weakref.ref(param), param._version)
+
+    def copies(self) -> list[tuple[str, torch.Tensor]]:
+        """(fqn, copy) of every copy whose parameter is still alive."""
+        return [(fqn, copy) for fqn, copy, ref, _ in self._copies.values() if ref() is not None]
 
 
 class Runtime(torch.nn.Module):
     """Devices, resident copies and the copy engines one rewritten graph runs with."""
 
-    def __init__(self, virtual: dict[str, VirtualDevice], disk: DiskTier | None = None) -> None:
+    def __init__(
+        self,
+        virtual: dict[str, VirtualDevice],
+        disk: DiskTier | None = None,
+        resident: ResidentCopies | None = None,
+    ) -> None:
         super().__init__()
         self.virtual = virtual
         self.disk = disk
-        # key -> (device copy, the source tensor, its version when copied)
-        self._resident: dict[str, tuple[torch.Tensor, weakref.ref[torch.Tensor], int]] = {}
+        # shared by the graphs of one session: a weight two graphs use is held once
+        self.resident = resident if resident is not None else ResidentCopies()
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
         self._cuda_copy_engines: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self.recorder = Recorder()
@@ -374,22 +409,21 @@ class Runtime(torch.nn.Module):
         elif device == "cpu":
             return param
         copy = source if device == "cpu" else self.move(source, device, f"resident {key}")
-        self._resident[key] = (copy, weakref.ref(param), param._version)
+        self.resident.put(key, param, device, copy)
         return copy
 
     def resident_copy(self, key: str, param: torch.Tensor, device: str) -> torch.Tensor:
-        entry = self._resident.get(key)
-        if entry is None or entry[1]() is not param or entry[2] != param._version:
-            # Another tensor, or the same one changed in place since it was copied: copy again.
-            self._resident.pop(key, None)
-            return self.make_resident(key, param, device)
-        return entry[0]
+        copy = self.resident.get(param, device)
+        # none yet, or the parameter changed in place since it was copied: copy again
+        return copy if copy is not None else self.make_resident(key, param, device)
 
-    def resident_bytes(self, device: str) -> int:
+    def resident_bytes(self, device: str, exclude: frozenset[str] = frozenset()) -> int:
+        """Bytes of resident copies on ``device``, less those of the parameters named in
+        ``exclude``."""
         return sum(
-            t.untyped_storage().nbytes()
-            for t, _, _ in self._resident.values()
-            if self.owner(t) == device
+            copy.untyped_storage().nbytes()
+            for fqn, copy in self.resident.copies()
+            if fqn not in exclude and self.owner(copy) == device
         )
 
     def prefetch(self, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:

@@ -187,3 +187,37 @@ def test_checkpoint_missing_a_tensor_is_refused(tmp_path: Path) -> None:
         model = mlp(16, 2)
     with pytest.raises(tt.CheckpointError, match=r"2\.bias"):
         tt.bind_checkpoint(model, tmp_path / "partial.safetensors")
+
+
+def test_recompiled_graphs_share_the_weights_they_keep_in_ram(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = mlp(256, 8)
+    save_file(model.state_dict(), str(tmp_path / "model.safetensors"))
+    budget = _host_budget(model)
+    with torch.device("meta"):
+        empty = mlp(256, 8)
+    x16, x32 = torch.randn(16, 256), torch.randn(32, 256)
+    compiled = _compile(
+        empty,
+        x16,
+        tmp_path,
+        checkpoint=str(tmp_path / "model.safetensors"),
+        budgets={"cpu": budget},
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x32), model(x32))  # a second graph
+        torch.testing.assert_close(compiled(x16), model(x16))
+    assert len(compiled.graphs) == 2
+    runtime = compiled.graphs[0].runtime
+    assert runtime.resident is compiled.graphs[1].runtime.resident
+    kept = [
+        {p.fqn for i, p in enumerate(g.plan.cost.params) if not g.plan.is_streamed(i)}
+        for g in compiled.graphs
+    ]
+    assert kept[0] and kept[1]
+    held = runtime.resident_bytes("cpu")
+    assert held == sum(
+        p.nbytes for p in compiled.graphs[0].plan.cost.params if p.fqn in kept[0] | kept[1]
+    )
+    assert held <= budget
