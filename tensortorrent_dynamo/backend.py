@@ -28,6 +28,7 @@ from .homes import place_on_disk, released_location
 from .offload import DiskReader, HostBufferPool, TensorLocation
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
+from .profile.disk import PAGE_BYTES
 from .rewrite import rewrite
 from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
@@ -102,18 +103,34 @@ class Session:
         names = {d.name for g in self.graphs for d in g.plan.devices}
         return {name: runtime.resident_bytes(name, exclude) for name in sorted(names)}
 
-    def disk_tier(self, locations: Mapping[str, TensorLocation]) -> DiskTier | None:
+    def disk_tier(
+        self, plan: GraphPlan, locations: Mapping[str, TensorLocation]
+    ) -> DiskTier | None:
         """The session's disk tier (one reader and host buffer pool for every graph),
-        knowing ``locations`` too; ``None`` while no parameter lives on disk."""
+        knowing ``locations`` too; ``None`` while no parameter lives on disk.
+
+        Idle read buffers are kept for reuse up to two of the largest tensor the plans
+        stream from disk (a double buffer), so the pool adds little to the host peak.
+        """
         if not locations and self.disk is None:
             return None
         if self.disk is None:
             pin = torch.cuda.is_available() and any(
                 d.startswith("cuda") for d in self.settings.devices or ["cuda"]
             )
-            pool = HostBufferPool(pin=pin)
+            pool = HostBufferPool(pin=pin, max_idle_bytes=0)
             self.disk = DiskTier(locations={}, reader=DiskReader(pool), pool=pool)
         self.disk.locations.update(locations)
+        streamed = [
+            p.nbytes
+            for i, p in enumerate(plan.cost.params)
+            if plan.on_disk(i) and plan.is_streamed(i)
+        ]
+        if streamed:
+            # a read buffer is the tensor's pages plus one (O_DIRECT reads whole pages)
+            largest = -(-max(streamed) // PAGE_BYTES) * PAGE_BYTES + PAGE_BYTES
+            pool = self.disk.pool
+            pool.max_idle_bytes = max(pool.max_idle_bytes or 0, 2 * largest)
         return self.disk
 
 
@@ -237,7 +254,8 @@ class TensorTorrentBackend:
         if settings.plan is not None:
             self._check_saved(settings, cost, profile, plan)
         locations = place_on_disk(plan, example_inputs, settings)
-        runtime = Runtime(session.virtual, session.disk_tier(locations), session.resident)
+        disk = session.disk_tier(plan, locations)
+        runtime = Runtime(session.virtual, disk, session.resident)
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)
         compilers = compile_segments(rewritten, runtime, settings)

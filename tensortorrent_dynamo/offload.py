@@ -339,14 +339,18 @@ class HostBufferPool:
     (:meth:`trim`) is freed once nothing else refers to it.
     """
 
-    def __init__(self, pin: bool = False) -> None:
+    def __init__(self, pin: bool = False, max_idle_bytes: int | None = None) -> None:
         if pin and not torch.cuda.is_available():
             raise OffloadError(
                 "pinned host buffers need CUDA, and torch.cuda.is_available() is False"
             )
         self.pin = pin
+        # idle buffers beyond this many bytes are dropped, least recently returned first
+        # (``None``: keep them all)
+        self.max_idle_bytes = max_idle_bytes
         self._lock = threading.Lock()
         self._idle: dict[int, list[torch.Tensor]] = {}
+        self._idle_order: list[int] = []  # capacities of idle buffers, oldest first
         self._lent: dict[int, int] = {}  # data_ptr -> capacity
         self._held = 0
 
@@ -365,6 +369,9 @@ class HostBufferPool:
             idle = self._idle.get(capacity)
             if idle:
                 buffer = idle.pop()
+                self._idle_order.reverse()
+                self._idle_order.remove(capacity)  # the newest of this capacity
+                self._idle_order.reverse()
                 self._lent[buffer.data_ptr()] = capacity
                 return buffer
         # One page more than asked, sliced at the first aligned address; the slice keeps the
@@ -388,12 +395,21 @@ class HostBufferPool:
                 )
             del self._lent[buffer.data_ptr()]
             self._idle.setdefault(capacity, []).append(buffer)
+            self._idle_order.append(capacity)
+            if self.max_idle_bytes is not None:
+                idle_bytes = sum(self._idle_order)
+                while idle_bytes > self.max_idle_bytes:
+                    oldest = self._idle_order.pop(0)
+                    self._idle[oldest].pop(0)
+                    idle_bytes -= oldest
+                    self._held -= oldest
 
     def trim(self) -> int:
         """Drop every idle buffer; returns the bytes released."""
         with self._lock:
             freed = sum(len(buffers) * capacity for capacity, buffers in self._idle.items())
             self._idle.clear()
+            self._idle_order.clear()
             self._held -= freed
         return freed
 

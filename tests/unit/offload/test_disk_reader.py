@@ -195,3 +195,16 @@ def test_pinned_pool_needs_cuda() -> None:
     else:
         with pytest.raises(OffloadError, match="CUDA"):
             HostBufferPool(pin=True)
+
+
+def test_pool_keeps_idle_buffers_within_its_cap_dropping_the_oldest() -> None:
+    pool = HostBufferPool(max_idle_bytes=3 * 4096)
+    small, big = pool.take(4096), pool.take(2 * 4096)
+    other = pool.take(4096)
+    pool.give(small)
+    pool.give(big)
+    assert pool.held_bytes == 4 * 4096
+    pool.give(other)  # 4 pages idle: the oldest (small) goes
+    assert pool.held_bytes == 3 * 4096
+    assert pool.take(2 * 4096).data_ptr() == big.data_ptr()
+    assert pool.take(4096).data_ptr() == other.data_ptr()
