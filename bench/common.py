@@ -37,8 +37,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_results(name: str, payload: dict[str, Any], directory: Path | None = None) -> Path:
+    """Write ``<directory>/<name>.json`` (default ``bench/results``), with ``machine()``."""
+    directory = RESULTS if directory is None else directory
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps({"bench": name, "machine": machine(), **payload}, indent=1))
     return path

@@ -2,7 +2,8 @@
 # The prepared GPU check (shared BENCHMARKS.md): one script, minutes not hours, all output
 # kept in ${OUT:-bench/results}/gpu_check.log. What it covers today: the machine report,
 # the measured profile, the CUDA runtime path (resident and streamed weights on cuda:0,
-# checked against eager), and the CPU benches for reference. hf_offload is not built yet.
+# checked against eager), the CPU benches for reference, and hf_offload with the budget on
+# cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results}"
@@ -31,4 +32,7 @@ for fraction in (4.0, 0.5):
 PY
   python3 -m bench.planner
   python3 -m bench.fit --quick
+  if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    python3 -m bench.hf_offload --device cuda:0 --repeats 3 --timeout 300 --results "$out"
+  fi
 } 2>&1 | tee "$out/gpu_check.log"
