@@ -143,6 +143,11 @@ def _param_on_device(
     if ref.placeholder not in waited:
         # -1 (the start of the run) also lands on the first call
         issue_at = issue_point(plan.native.param_issue_segment[pid])
+        # ahead of the waits (and copies) for that segment's own inputs, so the next read
+        # is queued while the current one finishes: the copy engines never idle between
+        before = (run.wait, run.resident, run.transfer)
+        while issue_at.prev.op == "call_function" and issue_at.prev.target in before:
+            issue_at = issue_at.prev
         with graph.inserting_before(issue_at):
             handle = graph.call_function(run.prefetch, (rt, arg, ref.fqn, device))
         with graph.inserting_before(call):

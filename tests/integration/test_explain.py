@@ -73,16 +73,16 @@ Predicted time per forward: 11.1 us""",
         self.assertExpectedInline(
             "\n".join(calls),
             """\
-transfer = tensortorrent_dynamo_run_transfer(tt_runtime, l_args_0_, 'virtual:0')
 prefetch = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_0_parameters_weight_, '0.weight', 'virtual:0')
+prefetch_1 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_2_parameters_bias_, '2.bias', 'virtual:0')
+transfer = tensortorrent_dynamo_run_transfer(tt_runtime, l_args_0_, 'virtual:0')
 wait = tensortorrent_dynamo_run_wait(prefetch)
 resident = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_0_parameters_bias_, '0.bias', 'virtual:0')
-prefetch_1 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_2_parameters_bias_, '2.bias', 'virtual:0')
 submod_1 = self.submod_1(transfer, wait, resident)
 evict = tensortorrent_dynamo_run_evict(prefetch)
+prefetch_2 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_4_parameters_weight_, '4.weight', 'virtual:0')
 resident_1 = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_2_parameters_weight_, '2.weight', 'virtual:0')
 wait_1 = tensortorrent_dynamo_run_wait(prefetch_1)
-prefetch_2 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_4_parameters_weight_, '4.weight', 'virtual:0')
 submod_2 = self.submod_2(submod_1, resident_1, wait_1)
 evict_1 = tensortorrent_dynamo_run_evict(prefetch_1)
 wait_2 = tensortorrent_dynamo_run_wait(prefetch_2)
