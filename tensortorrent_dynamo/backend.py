@@ -109,8 +109,9 @@ class Session:
         """The session's disk tier (one reader and host buffer pool for every graph),
         knowing ``locations`` too; ``None`` while no parameter lives on disk.
 
-        Idle read buffers are kept for reuse up to two of the largest tensor the plans
-        stream from disk (a double buffer), so the pool adds little to the host peak.
+        Idle read buffers are kept for reuse up to the size of the largest tensor the plans
+        stream from disk: enough for a double buffer to reuse its buffers call after call,
+        and at most that much RAM beyond the plan's.
         """
         if not locations and self.disk is None:
             return None
@@ -130,7 +131,7 @@ class Session:
             # a read buffer is the tensor's pages plus one (O_DIRECT reads whole pages)
             largest = -(-max(streamed) // PAGE_BYTES) * PAGE_BYTES + PAGE_BYTES
             pool = self.disk.pool
-            pool.max_idle_bytes = max(pool.max_idle_bytes or 0, 2 * largest)
+            pool.max_idle_bytes = max(pool.max_idle_bytes or 0, largest)
         return self.disk
 
 
