@@ -26,6 +26,23 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float
     return statistics.median(times)
 
 
+def interleaved_median_seconds(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median wall time of each function, the calls interleaved (a, b, c, a, b, c, ...) so
+    that a machine whose speed drifts slows every competitor alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def machine() -> dict[str, Any]:
     """Torch version, CPU model, cores and the fingerprint the host profile is cached under."""
     from tensortorrent_dynamo.profile.detect import current_fingerprint

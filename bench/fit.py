@@ -19,7 +19,7 @@ import torch
 import tensortorrent as tt
 from tests.models import TransformerBlock, mlp
 
-from .common import median_seconds, write_results
+from .common import interleaved_median_seconds, write_results
 
 
 def workloads(quick: bool) -> dict[str, tuple[Callable[[], torch.nn.Module], torch.Tensor]]:
@@ -55,7 +55,8 @@ def run_one(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> dict[str, 
             if name != "eager"
         }
         median_ms = {
-            name: 1e3 * median_seconds(fn, repeats=repeats, warmup=3) for name, fn in ways.items()
+            name: 1e3 * t
+            for name, t in interleaved_median_seconds(ways, repeats=repeats, warmup=3).items()
         }
     return {
         "median_ms": median_ms,
@@ -64,6 +65,7 @@ def run_one(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> dict[str, 
         "tensortorrent_over_inductor": median_ms["tensortorrent"] / median_ms["inductor"],
         "tensortorrent_over_eager": median_ms["tensortorrent"] / median_ms["eager"],
         "plan": compiled.graphs[0].plan.native.chosen,
+        "compiler": compiled.graphs[0].compiler_note,
         "graphs": len(compiled.graphs),
     }
 
@@ -88,7 +90,10 @@ def main() -> None:
     path = write_results(
         "fit",
         {
-            "method": f"median of {repeats} calls after 3 warm-up calls, same inputs, one process",
+            "method": (
+                f"median of {repeats} calls after 3 warm-up calls, same inputs, one process, "
+                "the three ways interleaved call by call"
+            ),
             "quick": args.quick,
             "workloads": results,
         },

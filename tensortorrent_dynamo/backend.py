@@ -21,7 +21,7 @@ import torch.fx
 
 from . import saved_plan
 from ._logs import PLAN_ARTIFACT, register
-from .compiler import compile_segments
+from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
 from .homes import place_on_disk, released_location
@@ -48,6 +48,8 @@ class CompiledGraph:
     compilers: dict[str, str]
     settings: Settings
     profile: HostProfile
+    # the measured compiler choice for the host segments (``compiler.keep_faster``)
+    compiler_note: str | None = None
     calls: int = 0
     last_call_s: float | None = None
     # peak RSS of the process during the last call, when the host's memory is planned
@@ -260,11 +262,15 @@ class TensorTorrentBackend:
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, example_inputs)
         compilers = compile_segments(rewritten, runtime, settings)
+        compiler_note = None
+        if disk is None:  # re-reading weights from disk only to time a graph costs too much
+            compiler_note = keep_faster(rewritten.module, compilers, example_inputs)
         compiled = CompiledGraph(
             plan=plan,
             module=rewritten.module,
             runtime=runtime,
             compilers=compilers,
+            compiler_note=compiler_note,
             settings=settings,
             profile=profile,
         )

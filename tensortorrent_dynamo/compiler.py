@@ -1,10 +1,17 @@
-"""Compile each segment's subgraph for its device: Inductor where it can run, else eager."""
+"""Compile each segment's subgraph for its device: Inductor where it can run, else eager.
+
+Inductor is not always faster than eager (a few large matmuls gain nothing from fusion
+and can lose to its layout choices), so when a graph is cheap to run, both versions are
+timed on the example inputs and the faster one is kept (:func:`keep_faster`).
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -25,9 +32,12 @@ def _fake_inputs(sub: torch.fx.GraphModule) -> list[Any]:
 def _inductor(sub: torch.fx.GraphModule, name: str, strict: bool) -> Callable[..., Any] | None:
     from torch._inductor.compile_fx import compile_fx
 
+    # Inductor rewrites the graph it is given (a single output becomes a tuple): it gets
+    # a copy, so that ``sub`` stays the eager version
+    own = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))
     try:
         with torch.no_grad():
-            compiled = compile_fx(sub, _fake_inputs(sub))
+            compiled = compile_fx(own, _fake_inputs(sub))
     except Exception as exc:  # Inductor failures must not lose the run: fall back to eager
         if strict:
             raise TensorTorrentError(f"Inductor failed on segment {name}: {exc}") from exc
@@ -53,5 +63,51 @@ def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings)
         used[name] = "inductor" if fn is not None else "eager"
         log.debug("segment %s on %s: %s", name, device, used[name])
         segment = Segment(fn or sub, name, device, virtual, used[name], runtime.recorder)
+        segment.eager_fn = sub
         setattr(parent, name, segment)
     return used
+
+
+# A graph whose forward takes longer than this is not run again just to time it.
+RACE_LIMIT_S = 0.5
+RACE_RUNS = 3
+
+
+def keep_faster(
+    parent: torch.fx.GraphModule, used: dict[str, str], example_inputs: Sequence[Any]
+) -> str | None:
+    """Time the graph with its Inductor segments and with them eager (best of
+    ``RACE_RUNS`` each, alternating) and keep the faster; returns what was measured, or
+    ``None`` when there was nothing to compare or one forward is too slow to repeat."""
+    inductor = [getattr(parent, n) for n, c in used.items() if c == "inductor"]
+    if not inductor:
+        return None
+
+    def timed(eager: bool) -> float:
+        for segment in inductor:
+            segment.use_eager = eager
+        start = time.perf_counter()
+        with torch.no_grad():
+            parent(*example_inputs)
+        return time.perf_counter() - start
+
+    if timed(False) > RACE_LIMIT_S:
+        return None
+    timed(True)  # warm-up of the eager version
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(RACE_RUNS):
+        for eager in (False, True):
+            best[eager] = min(best[eager], timed(eager))
+    use_eager = best[True] < best[False]
+    for segment in inductor:
+        segment.use_eager = use_eager
+    if use_eager:
+        for segment in inductor:
+            used[segment.name] = "eager"
+    faster, slower = ("eager", "Inductor") if use_eager else ("Inductor", "eager")
+    note = (
+        f"{faster} kept: {best[use_eager] * 1e3:.3g} ms against {slower} "
+        f"{best[not use_eager] * 1e3:.3g} ms on the example inputs (best of {RACE_RUNS})"
+    )
+    log.debug("compiler choice: %s", note)
+    return note

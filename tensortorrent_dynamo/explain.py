@@ -175,6 +175,8 @@ def explain_graph(graph: CompiledGraph) -> str:
         "measured",
     ]
     lines += _table(header, rows)
+    if graph.compiler_note:
+        lines.append(f"  compiler: {graph.compiler_note}")
     streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
     if streamed_names:
         shown = ", ".join(streamed_names[:8]) + (", ..." if len(streamed_names) > 8 else "")
