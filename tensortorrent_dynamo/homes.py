@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 # id(tensor) -> (weak reference to it, where its bytes are)
 _released: dict[int, tuple[weakref.ref[torch.Tensor], TensorLocation]] = {}
+# offload stores this process wrote (and released weights to)
+_stores: set[Path] = set()
 
 
 def released_location(tensor: torch.Tensor) -> TensorLocation | None:
@@ -156,6 +158,7 @@ def place_on_disk(
             locations[ref.fqn] = location
         elif plan.is_streamed(pid):
             to_write[ref.fqn] = tensor
+    _check_stores(locations.values())
     if not to_write:
         return locations
     # One directory per set of parameters (names, shapes, dtypes): models of another
@@ -164,6 +167,7 @@ def place_on_disk(
     digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
     store = OffloadStore(offload_dir(settings) / digest)
     written = store.write({k: t.detach() for k, t in to_write.items()})
+    _stores.add(store.directory)
     for fqn, tensor in to_write.items():
         _release(tensor, written[fqn])
     locations.update(written)
@@ -178,3 +182,15 @@ def place_on_disk(
         store.directory,
     )
     return locations
+
+
+def _check_stores(locations: Iterable[TensorLocation]) -> None:
+    """Check the offload stores holding weights released to them by an earlier compile
+    (a graph break or a recompile): their only copy is on disk, so a damaged shard raises
+    ``OffloadCorruptError`` now rather than feeding wrong weights to the model."""
+    by_store: dict[Path, list[str]] = {}
+    for location in locations:
+        if location.path.parent in _stores:
+            by_store.setdefault(location.path.parent, []).append(location.key)
+    for directory, keys in by_store.items():
+        OffloadStore(directory).locations(keys, verify=True)

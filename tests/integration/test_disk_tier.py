@@ -221,3 +221,15 @@ def test_recompiled_graphs_share_the_weights_they_keep_in_ram(tmp_path: Path) ->
         p.nbytes for p in compiled.graphs[0].plan.cost.params if p.fqn in kept[0] | kept[1]
     )
     assert held <= budget
+
+
+def test_damaged_shard_with_no_weights_left_is_a_clear_error(tmp_path: Path) -> None:
+    model, x = mlp(128, 6), torch.randn(8, 128)
+    compiled = _compile(model, x, tmp_path, budgets={"cpu": _host_budget(model)})
+    # the streamed weights now exist only on disk; damage their shard
+    (shard,) = sorted((tmp_path / "offload").rglob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with torch.no_grad(), pytest.raises(tt.OffloadCorruptError, match="corrupt"):
+        compiled(torch.randn(3, 128))  # another shape: a recompile relies on the shard
