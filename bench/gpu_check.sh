@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check (shared BENCHMARKS.md): one script, minutes not hours, all output
 # kept in ${OUT:-bench/results}/gpu_check.log. What it covers today: the machine report,
-# the measured profile, the CUDA runtime path (resident and streamed weights on cuda:0,
-# checked against eager), the CPU benches for reference, and hf_offload with the budget on
+# the measured profile, the CUDA runtime path (weights resident on cuda:0, streamed from
+# pinned host memory, and streamed from disk through pinned buffers, checked against eager), the CPU benches for reference, and hf_offload with the budget on
 # cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,21 +14,35 @@ mkdir -p "$out"
   tensortorrent doctor
   tensortorrent validate-hardware --quick --output "$out/gpu_profile.json"
   python3 - <<'PY'
+import tempfile
 import torch
 import tensortorrent as tt
 from tests.models import mlp
 
-model, x = mlp(2048, 8), torch.randn(64, 2048)
-size = sum(p.numel() * p.element_size() for p in model.parameters())
-for fraction in (4.0, 0.5):
+x = torch.randn(64, 2048)
+size = sum(p.numel() * p.element_size() for p in mlp(2048, 8).parameters())
+# resident, streamed from pinned host memory, and streamed from disk through pinned buffers
+cases = {
+    "resident": {"cuda:0": int(size * 4.0)},
+    "streamed": {"cuda:0": int(size * 0.5)},
+    "disk": {"cuda:0": int(size * 0.5), "cpu": int(size * 0.3)},
+}
+for case, budgets in cases.items():
     torch._dynamo.reset()
-    budget = int(size * fraction)
-    compiled = tt.compile(model, example_inputs=(x,), budgets={"cuda:0": budget},
-                          devices=["cuda:0"], compiler="eager")
+    model = mlp(2048, 8)
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+        expected = model(x)
+    compiled = tt.compile(model, example_inputs=(x,), budgets=budgets, devices=["cuda:0"],
+                          compiler="eager", offload_dir=tempfile.mkdtemp())
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), expected, rtol=1e-3, atol=1e-3)
     print(compiled.explain())
-    print(f"cuda:0 budget {budget} bytes: outputs match eager")
+    pinned = sum(p.is_pinned() for p in model.parameters())
+    print(f"{case}: budgets {budgets}: outputs match eager; {pinned} parameters pinned; "
+          f"{compiled.disk_bytes_read()} bytes read from disk in the last call; "
+          f"cuda:0 peak allocated {torch.cuda.max_memory_allocated(0)} bytes")
+    torch.cuda.reset_peak_memory_stats(0)
 PY
   python3 -m bench.planner
   python3 -m bench.fit --quick

@@ -24,7 +24,7 @@ from ._logs import PLAN_ARTIFACT, register
 from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
-from .homes import place_on_disk, released_location
+from .homes import pin_streamed_weights, place_on_disk, released_location
 from .offload import DiskReader, HostBufferPool, TensorLocation
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
@@ -257,6 +257,8 @@ class TensorTorrentBackend:
         if settings.plan is not None:
             self._check_saved(settings, cost, profile, plan)
         locations = place_on_disk(plan, example_inputs, settings)
+        if torch.cuda.is_available():
+            pin_streamed_weights(plan, example_inputs)
         disk = session.disk_tier(plan, locations)
         runtime = Runtime(session.virtual, disk, session.resident)
         rewritten = rewrite(gm, plan, runtime)

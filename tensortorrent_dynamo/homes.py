@@ -1,4 +1,4 @@
-"""Parameters whose home is disk: where their bytes are, and giving their RAM back.
+"""Where weights live between runs: on disk (and giving their RAM back), or pinned.
 
 A parameter lives on disk in one of two ways:
 
@@ -14,6 +14,9 @@ A parameter lives on disk in one of two ways:
 Either way the tensor is *released*: its storage holds no bytes, its shape, dtype and
 identity are unchanged (so Dynamo's guards still hold), and :func:`released_location`
 says where its bytes are. The runtime reads them from there on each run.
+
+Weights that stay in host RAM but stream to a CUDA device are moved to pinned memory
+(:func:`pin_streamed_weights`), so their copies are asynchronous.
 """
 
 from __future__ import annotations
@@ -194,3 +197,24 @@ def _check_stores(locations: Iterable[TensorLocation]) -> None:
             by_store.setdefault(location.path.parent, []).append(location.key)
     for directory, keys in by_store.items():
         OffloadStore(directory).locations(keys, verify=True)
+
+
+def pin_streamed_weights(plan: GraphPlan, example_inputs: Sequence[Any]) -> int:
+    """Move the host-RAM weights the plan streams to a CUDA device into pinned memory, once,
+    so that every prefetch is an asynchronous DMA copy (from pageable memory a copy is
+    staged and synchronous); returns how many were pinned. The tensor objects stay the
+    same (their ``data`` is swapped), so nothing recompiles.
+    """
+    pinned = 0
+    for pid, ref in enumerate(plan.cost.params):
+        if plan.on_disk(pid) or not plan.is_streamed(pid):
+            continue
+        if not plan.param_device(pid).startswith("cuda"):
+            continue
+        tensor = example_inputs[ref.arg_index]
+        if tensor.device.type == "cpu" and not tensor.is_pinned():
+            tensor.data = tensor.data.pin_memory()
+            pinned += 1
+    if pinned:
+        log.info("graph %d: pinned %d streamed weights in host memory", plan.graph_index, pinned)
+    return pinned
