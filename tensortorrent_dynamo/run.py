@@ -9,6 +9,11 @@ holds is a real copy registered in its own :class:`MemoryLedger`; the ledger
 follows the tensors' real lifetimes (weak references on their storages), so its
 peak is measured, not predicted, and an allocation past the capacity fails like
 an out-of-memory error on a real device.
+
+Streamed parameters land in pooled buffers, handed back by ``evict`` and reused by
+the next call; those whose home is disk are read by the session's :class:`DiskTier`
+first (reader threads, page cache bypassed) and then copied on by the device's copy
+engine, or used in place by host segments.
 """
 
 from __future__ import annotations
