@@ -16,12 +16,15 @@ buffers stay real). Quality against eager's logits: cosine similarity of the fla
 float32 logits and per-position argmax agreement; pass = cosine >= 0.99 and agreement >= 0.9
 (bf16).
 
+Three rounds of the competitors' processes, interleaved (see ``bench/offload_common.py``):
+about 2.5 minutes on the 2-core development machine.
+
 With ``--device cuda:0`` (bench/gpu_check.sh) the budget is on the GPU: GPU eager, CPU eager,
 Accelerate with ``max_memory={0: budget, "cpu": ...}`` and TensorTorrent with
 ``budgets={"cuda:0": budget}``.
 
-    python -m bench.hf_offload [--layers 8 --hidden 1024 --seq 32 --repeats 5 --quick
-                                --device cpu --budget BYTES --out-dir DIR]
+    python -m bench.hf_offload [--layers 8 --hidden 1024 --seq 32 --repeats 3 --rounds 3
+                                --quick --device cpu --budget BYTES --out-dir DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .offload_common import add_arguments, logits_quality, run_bench
+from .offload_common import DEFAULT_REPEATS, add_arguments, logits_quality, run_bench
 
 SEED = 0
 COMPETITORS = ("eager", "accelerate", "tensortorrent")
@@ -131,11 +134,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         flag = "--" + key.replace("_", "-")
         parser.add_argument(flag, type=int, default=None, help=f"default {value}")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda:N for a VRAM budget")
-    add_arguments(parser, default_repeats=5)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     base = QUICK if args.quick else DEFAULTS
     params = {key: getattr(args, key) or value for key, value in base.items()}
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.repeats or DEFAULT_REPEATS
     run_bench(
         "hf_offload",
         "bench.hf_offload:make_workload",

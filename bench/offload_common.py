@@ -13,17 +13,31 @@ One run of a bench, from the parent process:
    eager's outputs are saved to ``reference.pt``. Every competitor loads its weights from
    that one file; none of them builds random weights.
 2. The disk's read bandwidth is measured at the offload directory with the project's own
-   ``DiskBench`` (O_DIRECT where the filesystem allows it; the method is recorded), before
-   the competitors and again after them; the lower bound uses the higher figure.
-3. For each regime, each competitor in turn, in a fresh subprocess that builds the model on
+   ``DiskBench`` (one stream of O_DIRECT reads where the filesystem allows it; the method is
+   recorded), before the competitors and again after them.
+3. ``--rounds`` rounds (3 at full size, 1 with ``--quick``). Each round first reads
+   ``model.safetensors`` cold with the project's own ``DiskReader`` (every tensor submitted at
+   once, its default 4 threads; the bandwidth TensorTorrent's reader reaches on this very
+   file), then runs every (regime, competitor) process, odd rounds in one order and even
+   rounds in the reverse (``schedule``), so that the disk's and the CPU's drift over minutes
+   on a shared host hits the competitors alike. Each process is fresh and builds the model on
    the meta device (parameters on ``meta``, buffers real), loads what it needs (setup
    seconds), compiles if it does (compile seconds), makes warm-up calls (excluded, their
    count recorded), ``repeats`` timed calls with the page cache dropped before each
    (``sync; echo 3 > /proc/sys/vm/drop_caches``: the cold figure) and ``repeats`` timed calls
    without dropping it (the warm figure). Every call's output is checked against eager's
-   saved output. A competitor that fails records its error and the bench goes on. Where the
-   cache cannot be dropped (not root), the JSON says ``page cache not dropped: <why>``.
-4. The parent writes medians, ratios and the lower bound as JSON (``bench.common``).
+   saved output. A competitor that fails records its error and the bench goes on (a round
+   that failed fails the competitor). Where the cache cannot be dropped (not root), the JSON
+   says ``page cache not dropped: <why>``.
+4. The parent writes the JSON (``bench.common``): per regime and competitor the medians over
+   every timed call of every round (cold and warm), each round's medians (``rounds``, with
+   when each process started, so drift shows), setup and compile seconds as the median over
+   rounds and RSS figures as the max over rounds. Ratios come three ways: the headline is the
+   median over rounds of each round's ratio (both figures of a round were measured minutes
+   apart at most), ``*_pooled`` the ratio of the pooled medians, ``*_by_round`` each round's.
+   The lower bound is max(eager's warm time, streamed bytes / the highest read bandwidth
+   measured in the run, by DiskBench or DiskReader); a competitor more than ``BOUND_NOISE``
+   under its bound is listed as a violation: the rate was underestimated.
 
 What each competitor holds in RAM (CPU mode; all hold the inputs and activations):
 
@@ -176,7 +190,8 @@ def logits_quality(
 
 
 def worst_quality(checks: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The worst of several calls' checks (each call's output is checked)."""
+    """The worst of several calls' checks (each call's output is checked); a check that is
+    already the worst of several (``calls_checked``) counts as that many calls."""
     if not checks:
         return {"ok": False, "note": "no output was checked"}
     failed = [c for c in checks if not c["ok"]]
@@ -187,7 +202,8 @@ def worst_quality(checks: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if all(key in c for c in checks):
             worst[key] = min(c[key] for c in checks)
     worst["ok"] = not failed
-    worst["calls_checked"] = len(checks)
+    # a check that is itself a worst of several calls counts its calls
+    worst["calls_checked"] = sum(c.get("calls_checked", 1) for c in checks)
     return worst
 
 
@@ -608,11 +624,34 @@ def setup_main(spec_path: Path, out_path: Path) -> int:
 # --- The parent -----------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser, default_repeats: int) -> None:
+DEFAULT_REPEATS = 3
+"""Cold and warm timed calls per process."""
+DEFAULT_ROUNDS = 3
+"""Rounds of every competitor's processes at full size (``--quick``: 1)."""
+BOUND_NOISE = 0.10
+"""A competitor whose cold median is more than this fraction under its lower bound beat
+the bound by more than noise: the bound's disk rate is underestimated and the JSON says so."""
+RATIO_KEYS = ("over_accelerate_cold", "over_accelerate_warm", "over_lower_bound_cold")
+"""The headline ratios of the main TensorTorrent competitor (the bench's ``figure``)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, default_repeats: int = DEFAULT_REPEATS) -> None:
     """Options every offload bench has."""
-    parser.add_argument("--repeats", type=int, default=None, help=f"default {default_repeats}")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per regime")
-    parser.add_argument("--quick", action="store_true", help="smaller model, fewer repeats")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"cold and warm timed calls per process (default {default_repeats})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of every competitor's processes, interleaved: round 2 runs them in the "
+        f"reverse order, round 3 as round 1, ... (default {DEFAULT_ROUNDS}; 1 with --quick)",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per process")
+    parser.add_argument("--quick", action="store_true", help="smaller model, one round")
     parser.add_argument(
         "--out-dir",
         type=Path,
@@ -640,7 +679,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_repeats: int) -> None
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     parser.add_argument(
-        "--disk-mib", type=int, default=None, help="size of the disk bandwidth probe file"
+        "--disk-mib", type=int, default=None, help="size of the DiskBench probe file"
     )
 
 
@@ -682,6 +721,9 @@ def _subprocess(
     return result, error, seconds
 
 
+# --- The disk's read bandwidth ----------------------------------------------------------------
+
+
 def measure_disk(directory: Path, mib: int) -> dict[str, Any]:
     """Read (and write) bandwidth at ``directory``, by the project's ``DiskBench``."""
     from tensortorrent_dynamo.profile.disk import BLOCK_BYTES, DiskBench
@@ -698,17 +740,95 @@ def measure_disk(directory: Path, mib: int) -> dict[str, Any]:
     return {"read_bytes_per_s": read.value, "read": read.to_dict(), "write": write.to_dict()}
 
 
-def disk_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The two measurements and the read bandwidth the lower bound uses: the higher one."""
-    reads = [m["read_bytes_per_s"] for m in (before, after) if m.get("read_bytes_per_s")]
+def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
+    """Read the whole checkpoint cold with the project's own ``DiskReader``; bytes per second.
+
+    Every tensor is submitted at once to one reader (its default threads and chunks) and all
+    are waited for. Two passes, the page cache dropped before each (unless ``drop`` is
+    false): the first allocates the buffers (``fresh``), the second reuses them from the
+    pool (``pooled``), as a reader streaming the same model call after call does. The
+    figure is the faster pass.
+    """
+    from tensortorrent_dynamo.offload import (
+        DEFAULT_CHUNK_BYTES,
+        DEFAULT_READ_THREADS,
+        DiskReader,
+        HostBufferPool,
+        safetensors_locations,
+    )
+
+    passes: list[dict[str, Any]] = []
+    try:
+        locations = list(safetensors_locations(checkpoint).values())
+        pool = HostBufferPool()
+        for buffers in ("fresh", "pooled"):
+            note = drop_page_cache() if drop else "page cache not dropped: --no-drop was given"
+            with DiskReader(pool) as reader:
+                start = time.perf_counter()
+                futures = [reader.submit(loc) for loc in locations]
+                reads = [future.result() for future in futures]
+                seconds = time.perf_counter() - start
+                nbytes = reader.bytes_read
+            for read in reads:
+                pool.give(read.buffer)
+            del reads
+            passes.append(
+                {
+                    "buffers": buffers,
+                    "bytes": nbytes,
+                    "seconds": seconds,
+                    "bytes_per_s": nbytes / seconds if seconds > 0 else None,
+                    "page_cache": note or "dropped",
+                }
+            )
+        pool.trim()
+    except Exception as exc:  # a failed measurement is recorded; the bench goes on
+        return {"read_bytes_per_s": None, "passes": passes, "error": f"{type(exc).__name__}: {exc}"}
+    rates = [p["bytes_per_s"] for p in passes if p["bytes_per_s"]]
     return {
-        "read_bytes_per_s": max(reads) if reads else None,
-        "method": "tensortorrent_dynamo.profile.disk.DiskBench at the offload directory, in "
-        "this run, before and after the competitors; the higher read bandwidth of the two "
-        "(a shared machine only ever makes the disk look slower)",
+        "read_bytes_per_s": max(rates) if rates else None,
+        "tensors": len(locations),
+        "tensor_bytes": sum(loc.nbytes for loc in locations),
+        "threads": DEFAULT_READ_THREADS,
+        "chunk_bytes": DEFAULT_CHUNK_BYTES,
+        "passes": passes,
+    }
+
+
+def disk_figures(
+    before: dict[str, Any], after: dict[str, Any], reader: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """Every read bandwidth measured in the run, and the one the lower bound uses: the
+    highest (a shared machine only ever makes the disk look slower)."""
+    measured = [("diskbench_before", before), ("diskbench_after", after)]
+    measured += [(f"disk_reader_round_{m.get('round', i + 1)}", m) for i, m in enumerate(reader)]
+    rates = [(m["read_bytes_per_s"], source) for source, m in measured if m.get("read_bytes_per_s")]
+    best = max(rates) if rates else (None, None)
+    return {
+        "read_bytes_per_s": best[0],
+        "source": best[1],
+        "method": "the highest read bandwidth measured in this run at the bench's disk: "
+        "tensortorrent_dynamo.profile.disk.DiskBench (one stream of O_DIRECT reads at the "
+        "offload directory) before and after the competitors, and "
+        "tensortorrent_dynamo.offload.DiskReader (every tensor of model.safetensors submitted "
+        "at once, its default threads, page cache dropped) at the start of every round",
         "before": before,
         "after": after,
+        "reader": list(reader),
     }
+
+
+# --- Rounds, medians and ratios -------------------------------------------------------------
+
+
+def schedule(
+    regimes: Sequence[str], competitors: Sequence[str], rounds: int
+) -> list[list[tuple[str, str]]]:
+    """The (regime, competitor) processes of each round: odd rounds in the given order, even
+    rounds in reverse, so that two competitors run as close in time in every round and each
+    runs first as often as the other (for an even number of rounds)."""
+    order = [(regime, competitor) for regime in regimes for competitor in competitors]
+    return [order if r % 2 == 0 else order[::-1] for r in range(rounds)]
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -719,101 +839,253 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _streamed(result: Mapping[str, Any]) -> tuple[int | float | None, str | None]:
+    """The bytes a competitor's process read from disk per cold call, and where from."""
+    split = result["info"].get("device_map_split")
+    if split is not None:
+        return split.get("disk", {}).get("param_bytes", 0), (
+            "parameter bytes of the modules mapped to 'disk'"
+        )
+    reads = [c["disk_bytes_read"] for c in result["cold"]["per_call"] if "disk_bytes_read" in c]
+    if reads:
+        return _median(reads), "compiled.disk_bytes_read(), median over cold calls"
+    return None, None
+
+
+def _min(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def _max(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One competitor on one regime over its rounds (``runs``: per round, the process's
+    ``result`` with ``round``, ``order``, ``started_s`` and ``process_s``).
+
+    Medians over every timed call of every round; each round's own medians under
+    ``rounds``; setup and compile seconds the median over rounds; RSS figures the max over
+    rounds. A round that failed fails the competitor.
+    """
+    failed = {
+        str(run["round"]): run["result"].get("error", "no result")
+        for run in runs
+        if not run["result"] or "error" in run["result"]
+    }
+    if failed or not runs:
+        first = next(iter(failed.items()), ("-", "no round ran"))
+        return {"ok": False, "error": f"round {first[0]}: {first[1]}", "errors_by_round": failed}
+    results = [run["result"] for run in runs]
+    rounds: list[dict[str, Any]] = []
+    for run, r in zip(runs, results, strict=True):
+        streamed, _ = _streamed(r)
+        rounds.append(
+            {
+                "round": run["round"],
+                "order": run["order"],
+                "started_s": run["started_s"],
+                "process_s": run["process_s"],
+                "ok": r["quality"]["ok"],
+                "median_ms_cold": r["cold"]["median_ms"],
+                "median_ms_warm": r["warm"]["median_ms"],
+                "times_ms_cold": r["cold"]["times_ms"],
+                "times_ms_warm": r["warm"]["times_ms"],
+                "setup_s": r["setup_s"],
+                "compile_s": r["compile_s"],
+                "peak_rss_bytes": r["peak_rss_bytes"],
+                "peak_rss_cold_calls_bytes": r["cold"]["peak_rss_calls_bytes"],
+                "streamed_bytes": streamed,
+            }
+        )
+    cold = [t for r in results for t in r["cold"]["times_ms"]]
+    warm = [t for r in results for t in r["warm"]["times_ms"]]
+    cold_rounds = [x["median_ms_cold"] for x in rounds if x["median_ms_cold"]]
+    warm_rounds = [x["median_ms_warm"] for x in rounds if x["median_ms_warm"]]
+    peak = max(results, key=lambda r: r["peak_rss_bytes"])
+    io_reads = [
+        c["io_read_bytes"] for r in results for c in r["cold"]["per_call"] if "io_read_bytes" in c
+    ]
+    page_cache = sorted({r["cold"]["page_cache"] for r in results})
+    row: dict[str, Any] = {
+        "ok": all(r["quality"]["ok"] for r in results),
+        "median_ms_cold": _median(cold),
+        "median_ms_warm": _median(warm),
+        "times_ms_cold": cold,
+        "times_ms_warm": warm,
+        "round_spread_cold": _ratio(max(cold_rounds, default=None), min(cold_rounds, default=0)),
+        "round_spread_warm": _ratio(max(warm_rounds, default=None), min(warm_rounds, default=0)),
+        "rounds": rounds,
+        "warmup_calls": results[0]["warmup_calls"],
+        "page_cache_cold": page_cache[0] if len(page_cache) == 1 else page_cache,
+        "quality": worst_quality([r["quality"] for r in results]),
+        "setup_s": _median([r["setup_s"] for r in results]),
+        "compile_s": _median([r["compile_s"] for r in results]),
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
+        "peak_rss_setup_bytes": _max([r["rss_after_setup"].get("VmHWM") for r in results]),
+        "peak_rss_cold_calls_bytes": _max([r["cold"]["peak_rss_calls_bytes"] for r in results]),
+        "peak_rss_warm_calls_bytes": _max([r["warm"]["peak_rss_calls_bytes"] for r in results]),
+        "rss_growth_cold_calls_bytes": _max([r["cold"]["rss_growth_bytes"] for r in results]),
+        "rss_growth_warm_calls_bytes": _max([r["warm"]["rss_growth_bytes"] for r in results]),
+        "rss_baseline_bytes": _max([r["rss_baseline"].get("VmRSS") for r in results]),
+        "rss_after_setup": peak["rss_after_setup"],
+        "rss_after_cold_calls": peak["cold"]["rss_after_calls"],
+        "io_read_bytes_cold_median": _median(io_reads),
+        "holds_in_ram": results[0]["holds_in_ram"],
+    }
+    disk_reads = [
+        c["disk_bytes_read"]
+        for r in results
+        for c in r["cold"]["per_call"]
+        if "disk_bytes_read" in c
+    ]
+    if disk_reads:
+        row["disk_bytes_read_cold"] = disk_reads
+    streamed, source = _streamed(results[0])
+    if streamed is not None:
+        row["streamed_bytes"] = _median([x["streamed_bytes"] for x in rounds])
+        row["streamed_bytes_source"] = source + (", median over rounds" if len(runs) > 1 else "")
+        cold_s = (row["median_ms_cold"] or 0) / 1e3
+        row["implied_read_bytes_per_s_cold"] = _ratio(row["streamed_bytes"], cold_s)
+    split = results[0]["info"].get("device_map_split")
+    if split is not None:
+        row["device_map_split"] = split
+        row["device_map"] = results[0]["info"]["device_map"]
+        if any(r["info"].get("device_map_split") != split for r in results):
+            row["device_map_note"] = "the device_map differed between rounds; round 1's is shown"
+    if "explain" in results[0]:
+        row["explain"] = results[0]["explain"]
+    return row
+
+
+def _put_ratio(
+    out: dict[str, Any],
+    key: str,
+    num: Mapping[int, float | None],
+    den: Mapping[int, float | None],
+    pooled: float | None,
+) -> None:
+    """``key``: the median over rounds of each round's ratio (the headline: both figures of a
+    round were measured close in time); ``key_pooled``: the ratio of the pooled medians;
+    ``key_by_round``: each round's ratio."""
+    by_round = [_ratio(num[r], den.get(r)) for r in sorted(num)]
+    known = [x for x in by_round if x is not None]
+    out[key] = _median(known)
+    out[f"{key}_pooled"] = pooled
+    out[f"{key}_by_round"] = by_round
+
+
 def summarize_regime(
-    results: Mapping[str, Mapping[str, Any]],
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
     param_nbytes: int,
     budget: int,
     disk_bw: float | None,
     cuda: bool,
 ) -> dict[str, Any]:
-    """Per competitor figures of one regime (``results``: each competitor's process), the
-    lower bound and the ratios."""
-    rows: dict[str, dict[str, Any]] = {}
-    for name, r in results.items():
-        if "error" in r:
-            rows[name] = {"ok": False, "error": r["error"]}
-            continue
-        disk_reads = [c["disk_bytes_read"] for c in r["cold"]["per_call"] if "disk_bytes_read" in c]
-        io_reads = [c["io_read_bytes"] for c in r["cold"]["per_call"] if "io_read_bytes" in c]
-        row: dict[str, Any] = {
-            "ok": r["quality"]["ok"],
-            "median_ms_cold": r["cold"]["median_ms"],
-            "median_ms_warm": r["warm"]["median_ms"],
-            "times_ms_cold": r["cold"]["times_ms"],
-            "times_ms_warm": r["warm"]["times_ms"],
-            "warmup_calls": r["warmup_calls"],
-            "page_cache_cold": r["cold"]["page_cache"],
-            "quality": r["quality"],
-            "setup_s": r["setup_s"],
-            "compile_s": r["compile_s"],
-            "peak_rss_bytes": r["peak_rss_bytes"],
-            "peak_rss_setup_bytes": r["rss_after_setup"].get("VmHWM"),
-            "peak_rss_cold_calls_bytes": r["cold"]["peak_rss_calls_bytes"],
-            "peak_rss_warm_calls_bytes": r["warm"]["peak_rss_calls_bytes"],
-            "rss_growth_cold_calls_bytes": r["cold"]["rss_growth_bytes"],
-            "rss_growth_warm_calls_bytes": r["warm"]["rss_growth_bytes"],
-            "rss_baseline_bytes": r["rss_baseline"].get("VmRSS"),
-            "rss_after_setup": r["rss_after_setup"],
-            "rss_after_cold_calls": r["cold"]["rss_after_calls"],
-            "io_read_bytes_cold_median": _median(io_reads),
-            "holds_in_ram": r["holds_in_ram"],
-        }
-        if disk_reads:
-            row["disk_bytes_read_cold"] = disk_reads
-            row["streamed_bytes"] = _median(disk_reads)
-            row["streamed_bytes_source"] = "compiled.disk_bytes_read(), median over cold calls"
-        split = r["info"].get("device_map_split")
-        if split is not None:
-            row["device_map_split"] = split
-            row["device_map"] = r["info"]["device_map"]
-            row["streamed_bytes"] = split.get("disk", {}).get("param_bytes", 0)
-            row["streamed_bytes_source"] = "parameter bytes of the modules mapped to 'disk'"
-        if "explain" in r:
-            row["explain"] = r["explain"]
-        rows[name] = row
+    """Per competitor figures of one regime over its rounds (``runs``: each competitor's
+    processes, one a round), the lower bound and the ratios."""
+    rows = {name: summarize_competitor(competitor_runs) for name, competitor_runs in runs.items()}
 
-    def ms(name: str, key: str) -> float | None:
+    def pooled(name: str, key: str) -> float | None:
         row = rows.get(name, {})
         return row.get(key) if row.get("ok") else None
 
+    def per_round(name: str, key: str) -> dict[int, float | None]:
+        row = rows.get(name, {})
+        return {x["round"]: x[key] for x in row.get("rounds", [])} if row.get("ok") else {}
+
     out: dict[str, Any] = {"competitors": rows}
-    compute_ms = ms("eager", "median_ms_warm")
+    eager_warm = pooled("eager", "median_ms_warm")
+    eager_warm_rounds = per_round("eager", "median_ms_warm")
+    # Eager holds every weight in RAM: its cold and warm calls both time the compute alone,
+    # and the lower of the two is the better floor (a burst of load on a shared host can
+    # slow one phase of one process, as a dropped cache can slow a cold call's code pages).
+    compute_ms = _min(eager_warm, pooled("eager", "median_ms_cold"))
+    eager_cold_rounds = per_round("eager", "median_ms_cold")
+    compute_rounds = {
+        r: _min(warm, eager_cold_rounds.get(r)) for r, warm in eager_warm_rounds.items()
+    }
     bound: dict[str, Any] = {
         "compute_ms": compute_ms,
-        "compute_source": "eager, no budget, warm median",
+        "compute_ms_by_round": [compute_rounds[r] for r in sorted(compute_rounds)],
+        "compute_source": "eager, no budget: the lower of its cold and warm medians (it holds "
+        "every weight in RAM, so both time the compute alone); per round, that round's",
         "disk_read_bytes_per_s": disk_bw,
         "min_streamed_bytes": max(0, param_nbytes - budget),
     }
+    has_bound = not cuda and compute_ms is not None and bool(disk_bw)
+
+    def lower(compute: float | None, streamed: float | None) -> float | None:
+        if compute is None or streamed is None or not disk_bw:
+            return None
+        return max(compute, 1e3 * streamed / disk_bw)
+
     ratios: dict[str, Any] = {}
+    violations: dict[str, Any] = {}
     for name, row in rows.items():
         if not row.get("ok"):
             continue
         ratios[name] = {}
+        cold, warm = per_round(name, "median_ms_cold"), per_round(name, "median_ms_warm")
         if name.startswith("tensortorrent"):
-            ratios[name]["over_accelerate_cold"] = _ratio(
-                row["median_ms_cold"], ms("accelerate", "median_ms_cold")
-            )
-            ratios[name]["over_accelerate_warm"] = _ratio(
-                row["median_ms_warm"], ms("accelerate", "median_ms_warm")
-            )
+            for phase, mine in (("cold", cold), ("warm", warm)):
+                field = f"median_ms_{phase}"
+                theirs = per_round("accelerate", field)
+                ratio = _ratio(row[field], pooled("accelerate", field))
+                _put_ratio(ratios[name], f"over_accelerate_{phase}", mine, theirs, ratio)
         if name != "eager":
-            ratios[name]["over_eager_warm"] = _ratio(row["median_ms_warm"], compute_ms)
+            ratio = _ratio(row["median_ms_warm"], eager_warm)
+            _put_ratio(ratios[name], "over_eager_warm", warm, eager_warm_rounds, ratio)
         streamed = row.get("streamed_bytes")
-        if not cuda and compute_ms is not None and disk_bw and streamed is not None:
-            lower = max(compute_ms, 1e3 * streamed / disk_bw)
-            bound[f"{name}_ms"] = lower
-            ratios[name]["over_lower_bound_cold"] = _ratio(row["median_ms_cold"], lower)
-    if not cuda and compute_ms is not None and disk_bw:
-        bound["min_bytes_ms"] = max(compute_ms, 1e3 * bound["min_streamed_bytes"] / disk_bw)
+        if has_bound and streamed is not None:
+            streamed_rounds = {x["round"]: x["streamed_bytes"] for x in row["rounds"]}
+            bounds = {r: lower(compute_rounds.get(r), s) for r, s in streamed_rounds.items()}
+            bound[f"{name}_ms"] = lower(compute_ms, streamed)
+            bound[f"{name}_ms_by_round"] = [bounds[r] for r in sorted(bounds)]
+            ratio = _ratio(row["median_ms_cold"], bound[f"{name}_ms"])
+            _put_ratio(ratios[name], "over_lower_bound_cold", cold, bounds, ratio)
+            headline = ratios[name]["over_lower_bound_cold"]
+            if headline is not None and headline < 1 - BOUND_NOISE:
+                violations[name] = {
+                    "over_lower_bound_cold": headline,
+                    "median_ms_cold": row["median_ms_cold"],
+                    "bound_ms": bound[f"{name}_ms"],
+                    "streamed_bytes": streamed,
+                    "implied_read_bytes_per_s_cold": row.get("implied_read_bytes_per_s_cold"),
+                }
+    if has_bound:
+        bound["min_bytes_ms"] = lower(compute_ms, bound["min_streamed_bytes"])
+        bound["check"] = (
+            f"the disk rate is underestimated: {', '.join(violations)} beat the bound by more "
+            f"than {BOUND_NOISE:.0%} (see violations)"
+            if violations
+            else f"no competitor beat its bound by more than {BOUND_NOISE:.0%}"
+        )
+        bound["violations"] = violations
     if cuda:
         bound["note"] = "not computed in CUDA mode (needs the host-to-device bandwidth)"
     bound["definition"] = (
         "max(compute_ms, streamed bytes / disk read bandwidth) per competitor, with its own "
-        "streamed bytes; min_bytes_ms uses the bytes that cannot fit the budget"
+        "streamed bytes; min_bytes_ms uses the bytes that cannot fit the budget. The disk "
+        "read bandwidth is the highest measured in this run (disk.source): DiskBench's single "
+        "stream of O_DIRECT reads before and after the competitors, and DiskReader reading "
+        "model.safetensors cold with every tensor submitted at once (4 threads by default) "
+        "once per round. Per round the bound uses that round's eager compute_ms; "
+        "over_lower_bound_cold is the median over rounds of the round's cold median over the "
+        "round's bound (_pooled: pooled cold median over the bound of the pooled figures). A "
+        f"competitor more than {BOUND_NOISE:.0%} under its bound is listed in violations: "
+        "the bound would then not be a bound, the disk rate being underestimated. A "
+        "competitor's implied_read_bytes_per_s_cold is its streamed bytes over its cold "
+        "median: the least rate it read at (its calls compute too)"
     )
     out["lower_bound"] = bound
     out["ratios"] = ratios
     return out
+
+
+# --- A run of a bench -------------------------------------------------------------------------
 
 
 def run_bench(
@@ -826,11 +1098,14 @@ def run_bench(
     device: str = "cpu",
     disk_mib: int = 256,
 ) -> Path:
-    """Setup, disk bandwidth, every competitor in its own process; write the JSON.
+    """Setup, disk bandwidth, every competitor in its own process, in rounds; write the JSON.
 
     ``competitors`` are the CPU mode's defaults; ``--competitors`` overrides them.
     """
     started = time.perf_counter()
+    rounds = (1 if args.quick else DEFAULT_ROUNDS) if args.rounds is None else args.rounds
+    if rounds < 1 or repeats < 1:
+        raise ValueError(f"--rounds and --repeats must be at least 1, got {rounds}, {repeats}")
     work = (args.out_dir or RESULTS / "tmp" / name).resolve()
     shutil.rmtree(work, ignore_errors=True)
     (work / "offload").mkdir(parents=True)
@@ -848,20 +1123,31 @@ def run_bench(
         budget = int(param_nbytes * args.budget_fraction)
     print(
         f"{name}: setup {setup['seconds']:.1f} s, {param_nbytes} parameter bytes, budget {budget} B"
+        f", {rounds} round(s) of {repeats} cold + {repeats} warm calls per process"
     )
     disk_before = measure_disk(work / "offload", args.disk_mib or disk_mib)
     drop_note = "page cache not dropped: --no-drop was given" if args.no_drop else None
     if drop_note is None:
         drop_note = drop_page_cache()
-    names = args.competitors or (CUDA_COMPETITORS if cuda else competitors)
-    per_regime: dict[str, dict[str, dict[str, Any]]] = {}
+    names = list(args.competitors or (CUDA_COMPETITORS if cuda else competitors))
+    regimes_run = list(setup["input_shapes"])
+    plan = schedule(regimes_run, names, rounds)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        regime: {competitor: [] for competitor in names} for regime in regimes_run
+    }
+    reader: list[dict[str, Any]] = []
     errors: dict[str, str] = {}
     process_s: dict[str, float] = {}
-    for regime in setup["input_shapes"]:
-        print(f"{name} {regime}")
-        results = per_regime.setdefault(regime, {})
-        for competitor in names:
-            label = f"{competitor}-{regime}"
+    for number, order in enumerate(plan, start=1):
+        measured = measure_reader(work / CHECKPOINT, drop=drop_note is None)
+        reader.append({"round": number, **measured})
+        rate = measured.get("read_bytes_per_s")
+        print(
+            f"{name} round {number}/{rounds}: DiskReader "
+            + (f"{rate / 1e9:.2f} GB/s" if rate else f"failed: {measured.get('error')}")
+        )
+        for position, (regime, competitor) in enumerate(order):
+            label = f"{competitor}-{regime}-r{number}"
             offload = work / "offload" / label
             offload.mkdir(parents=True)
             spec = {
@@ -877,25 +1163,47 @@ def run_bench(
                 "warmup": args.warmup,
                 "drop_caches": drop_note is None,
             }
+            start_s = time.perf_counter() - started
             result, error, process_s[label] = _subprocess("run", spec, work, label, args.timeout)
             if error and (result is None or "error" not in result):
                 result = {**(result or {}), "ok": False, "error": error}
-            results[competitor] = result or {}
-            if "error" in results[competitor]:
-                errors[label] = results[competitor]["error"]
-            print_row(competitor, results[competitor], process_s[label])
+            result = result or {"ok": False, "error": "no result"}
+            if "error" in result:
+                errors[label] = result["error"]
+            runs[regime][competitor].append(
+                {
+                    "round": number,
+                    "order": position,
+                    "started_s": start_s,
+                    "process_s": process_s[label],
+                    "result": result,
+                }
+            )
+            print_row(f"{competitor} {regime}", result, process_s[label])
             shutil.rmtree(offload, ignore_errors=True)
-    disk = disk_figures(disk_before, measure_disk(work / "offload", args.disk_mib or disk_mib))
+    disk = disk_figures(
+        disk_before, measure_disk(work / "offload", args.disk_mib or disk_mib), reader
+    )
     regimes = {
-        regime: summarize_regime(results, param_nbytes, budget, disk["read_bytes_per_s"], cuda)
-        for regime, results in per_regime.items()
+        regime: summarize_regime(by_name, param_nbytes, budget, disk["read_bytes_per_s"], cuda)
+        for regime, by_name in runs.items()
     }
     payload = {
         "method": (
-            f"each competitor in its own fresh Python process; per regime {args.warmup} "
-            f"warm-up call(s) excluded, then {repeats} timed calls with the page cache dropped "
-            f"before each (cold), then {repeats} without dropping it (warm); medians; every "
-            "call's output checked against eager's, saved by the setup step"
+            f"each competitor and regime in its own fresh Python process, {rounds} round(s) of "
+            "them, interleaved (odd rounds in the order of `schedule`, even rounds in "
+            f"reverse); per process {args.warmup} warm-up call(s) excluded, then {repeats} timed "
+            f"calls with the page cache dropped before each (cold), then {repeats} without "
+            "dropping it (warm); medians over every timed call of every round, each round's "
+            "medians kept under `rounds`; setup and compile seconds the median over rounds, "
+            "peak RSS the max over rounds; every call's output checked against eager's, saved "
+            "by the setup step"
+        ),
+        "ratios_definition": (
+            "the headline ratio (e.g. over_accelerate_cold, and `figure`) is the median over "
+            "rounds of the ratio of the two figures measured in the same round, which ran close "
+            "in time, so that the disk's and CPU's drift over minutes cancels; *_pooled is the "
+            "ratio of the medians over every call of every round; *_by_round each round's ratio"
         ),
         "quick": bool(args.quick),
         "device": device,
@@ -903,17 +1211,17 @@ def run_bench(
         "param_bytes": param_nbytes,
         "budget_bytes": budget,
         "budget_device": device if cuda else "cpu",
+        "rounds": rounds,
+        "repeats": repeats,
+        "warmup": args.warmup,
+        "schedule": [[f"{c}-{r}" for r, c in order] for order in plan],
         "page_cache": drop_note
         or "dropped before each cold timed call (sync; echo 3 > /proc/sys/vm/drop_caches)",
         "setup": setup,
         "disk": disk,
         "regimes": regimes,
         "figure": {
-            regime: {
-                k: v
-                for k, v in data["ratios"].get(MAIN_TT, {}).items()
-                if k in ("over_accelerate_cold", "over_accelerate_warm", "over_lower_bound_cold")
-            }
+            regime: {k: v for k, v in data["ratios"].get(MAIN_TT, {}).items() if k in RATIO_KEYS}
             for regime, data in regimes.items()
         },
         "errors": errors,
@@ -923,22 +1231,62 @@ def run_bench(
     }
     # A GPU run must not overwrite the CPU run's figures.
     path = write_results(f"{name}_cuda" if cuda else name, payload, args.results)
+    print_summary(name, payload)
     print(f"wrote {path} ({payload['runtime_s']:.0f} s)")
     return path
 
 
-def print_row(competitor: str, result: Mapping[str, Any], seconds: float) -> None:
+def print_row(label: str, result: Mapping[str, Any], seconds: float) -> None:
     if "error" in result:
-        print(f"  {competitor:<24} failed ({seconds:.0f} s): {result['error'][:300]}")
+        print(f"  {label:<34} failed ({seconds:.0f} s): {result['error'][:300]}")
         return
     mib = 2**20
     print(
-        f"  {competitor:<24} cold {result['cold']['median_ms']:9.1f} ms  "
+        f"  {label:<34} cold {result['cold']['median_ms']:9.1f} ms  "
         f"warm {result['warm']['median_ms']:9.1f} ms  "
         f"peak RSS {result['peak_rss_bytes'] / mib:6.0f} MiB "
         f"(cold calls {(result['cold']['peak_rss_calls_bytes'] or 0) / mib:6.0f} MiB)  "
         f"ok={result['ok']}  ({seconds:.0f} s)"
     )
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_summary(name: str, payload: Mapping[str, Any]) -> None:
+    """Pooled medians, each round's, and the ratios (headline, pooled, per round)."""
+    disk = payload["disk"]
+    print(
+        f"{name}: bound's disk rate {_fmt((disk['read_bytes_per_s'] or 0) / 1e9)} GB/s "
+        f"({disk['source']}); DiskReader by round: "
+        + ", ".join(_fmt((m.get("read_bytes_per_s") or 0) / 1e9) for m in disk["reader"])
+        + f"; DiskBench before {_fmt((disk['before'].get('read_bytes_per_s') or 0) / 1e9)}, "
+        f"after {_fmt((disk['after'].get('read_bytes_per_s') or 0) / 1e9)}"
+    )
+    for regime, data in payload["regimes"].items():
+        print(f"{name} {regime}: median ms over all rounds (each round's medians)")
+        for competitor, row in data["competitors"].items():
+            if not row.get("ok"):
+                print(f"  {competitor:<24} failed: {str(row.get('error'))[:200]}")
+                continue
+            cold = " ".join(_fmt(x["median_ms_cold"], ".0f") for x in row["rounds"])
+            warm = " ".join(_fmt(x["median_ms_warm"], ".0f") for x in row["rounds"])
+            print(
+                f"  {competitor:<24} cold {_fmt(row['median_ms_cold'], '8.1f')} ({cold})  "
+                f"warm {_fmt(row['median_ms_warm'], '8.1f')} ({warm})"
+            )
+        for competitor, ratios in data["ratios"].items():
+            for key in (*RATIO_KEYS, "over_eager_warm"):
+                if key in ratios:
+                    rounds = " ".join(_fmt(x) for x in ratios[f"{key}_by_round"])
+                    print(
+                        f"  {competitor} {key}: {_fmt(ratios[key])} "
+                        f"(pooled {_fmt(ratios[f'{key}_pooled'])}; rounds {rounds})"
+                    )
+        check = data["lower_bound"].get("check")
+        if check:
+            print(f"  lower bound: {check}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,12 +9,15 @@ own fresh process: eager with no budget (the reference), Accelerate
 main figure) and TensorTorrent given the real model. What each holds in RAM, how RSS and the
 page cache are handled, and the lower bound: see ``bench/offload_common.py``.
 
-Figures: per regime and competitor, median ms with a cold page cache and with a warm one,
-peak RSS, max abs difference from eager, setup and compile seconds; TensorTorrent /
-Accelerate (cold and warm) and TensorTorrent / lower bound, where the lower bound is
-max(eager's warm time, streamed bytes / the disk read bandwidth measured in the same run).
+Figures: per regime and competitor, median ms with a cold page cache and with a warm one
+(over every call of every round, and per round), peak RSS, max abs difference from eager,
+setup and compile seconds; TensorTorrent / Accelerate (cold and warm) and TensorTorrent /
+lower bound, where the lower bound is max(eager's warm time, streamed bytes / the highest
+disk read bandwidth measured in the same run); the headline ratios are medians over rounds
+of each round's ratio. About 7.5 minutes on the 2-core development machine (3 rounds).
 
-    python -m bench.ram_offload [--layers 16 --width 4096 --repeats 5 --quick --out-dir DIR]
+    python -m bench.ram_offload [--layers 16 --width 4096 --repeats 3 --rounds 3 --quick
+                                 --out-dir DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from tests.models import mlp
 
-from .offload_common import add_arguments, fp32_quality, run_bench
+from .offload_common import DEFAULT_REPEATS, add_arguments, fp32_quality, run_bench
 
 SEED = 0
 COMPETITORS = ("eager", "accelerate", "tensortorrent", "tensortorrent_in_memory")
@@ -70,14 +73,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="default 16 (8 with --quick)")
     parser.add_argument("--width", type=int, default=None, help="default 4096 (2048 with --quick)")
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 256])
-    add_arguments(parser, default_repeats=5)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     params = {
         "layers": args.layers or (8 if args.quick else 16),
         "width": args.width or (2048 if args.quick else 4096),
         "batches": args.batches,
     }
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.repeats or DEFAULT_REPEATS
     run_bench(
         "ram_offload",
         "bench.ram_offload:make_workload",
