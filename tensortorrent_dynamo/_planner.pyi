@@ -162,6 +162,10 @@ class Plan:
         """Segment whose start issues each streamed parameter's prefetch; -1 for the
         start of the run and for parameters not streamed."""
     @property
+    def prefetch_depth(self) -> int:
+        """How many segments ahead streamed parameters are prefetched; 0 when each
+        segment reads its own when it starts (a "-sync" candidate)."""
+    @property
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
     @property

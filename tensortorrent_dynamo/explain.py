@@ -180,9 +180,14 @@ def explain_graph(graph: CompiledGraph) -> str:
     streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
     if streamed_names:
         shown = ", ".join(streamed_names[:8]) + (", ..." if len(streamed_names) > 8 else "")
+        when = (
+            "prefetched one segment ahead"
+            if native.prefetch_depth
+            else "each read when its segment starts, one buffer"
+        )
         lines.append(
-            f"  streamed parameters ({len(streamed_names)}, prefetched one segment ahead, "
-            f"evicted after last use): {shown}"
+            f"  streamed parameters ({len(streamed_names)}, {when}, evicted after last use): "
+            f"{shown}"
         )
     else:
         lines.append("  streamed parameters: none")

@@ -233,3 +233,26 @@ def test_damaged_shard_with_no_weights_left_is_a_clear_error(tmp_path: Path) -> 
     shard.write_bytes(bytes(data))
     with torch.no_grad(), pytest.raises(tt.OffloadCorruptError, match="corrupt"):
         compiled(torch.randn(3, 128))  # another shape: a recompile relies on the shard
+
+
+def test_a_tight_budget_reads_each_weight_when_its_layer_starts(tmp_path: Path) -> None:
+    # room for 4 weights and one read buffer: reading synchronously keeps one more
+    # weight in RAM than a double buffer would, and little compute hides no reads
+    model, x = mlp(256, 8), torch.randn(1, 256)
+    with torch.no_grad():
+        expected = model(x)
+    weight = 256 * 256 * 4 + 1024
+    compiled = _compile(model, x, tmp_path, budgets={"cpu": 5 * weight + 64 * 1024})
+    plan = compiled.graphs[0].plan
+    assert plan.native.chosen.endswith("-sync") and plan.native.prefetch_depth == 0
+    code = compiled.graphs[0].module.code
+    # each prefetch is waited for right away, before the segment that issued it
+    lines = [
+        line.strip() for line in code.splitlines() if "_run_prefetch" in line or "_run_wait" in line
+    ]
+    for issue, wait in zip(lines[::2], lines[1::2], strict=True):
+        handle = issue.split(" = ")[0]
+        assert "_run_prefetch" in issue and f"_run_wait({handle})" in wait
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), expected)

@@ -121,6 +121,13 @@ impl PyPlan {
         self.inner.param_issue_segment.clone()
     }
 
+    /// How many segments ahead streamed parameters are prefetched; 0 when
+    /// each segment reads its own when it starts (a "-sync" candidate).
+    #[getter]
+    fn prefetch_depth(&self) -> u32 {
+        self.inner.prefetch_depth
+    }
+
     /// Simulated time until the last output is on the host, in seconds.
     #[getter]
     fn predicted_time_s(&self) -> f64 {

@@ -53,7 +53,7 @@ pub use crate::{
     error::PlanError,
     exhaustive::{exhaustive, Optimum},
     graph::{CostGraph, Tier},
-    plan::{plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason},
+    plan::{plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason, SYNC_SUFFIX},
     simulate::{simulate, Activity, Record, Resource, Simulation},
 };
 

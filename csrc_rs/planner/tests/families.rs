@@ -362,3 +362,43 @@ fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
         .unwrap();
     assert!(p.predicted_time_s < streamed.predicted_time_s);
 }
+
+#[test]
+fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
+    // Room for 7 weights and one read buffer, not two: reading each weight
+    // when its layer starts keeps 7 in memory and reads 9, where a double
+    // buffer keeps 6 and reads 10. With little compute to hide reads behind
+    // (a batch of 4), the synchronous plan is faster.
+    let g = deep_mlp(4)
+        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
+        .unwrap();
+    let weight = 4096 * 4096 * 4;
+    let mut cpu = host(8 * weight + 4 * MIB);
+    cpu.flops_per_s = 1e11;
+    cpu.mem_bytes_per_s = 2e10;
+    cpu.disk_bytes_per_s = 1e9;
+    let p = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    let sync = format!("all-on-cpu/knapsack{}", tensortorrent_planner::SYNC_SUFFIX);
+    assert_eq!(p.chosen, sync, "{:?}", p.candidates);
+    assert_eq!(p.prefetch_depth, 0);
+    assert_eq!(p.param_streamed.iter().filter(|&&s| !s).count(), 7);
+    assert!(p.peak_bytes[0] <= 8 * weight + 4 * MIB);
+    // each streamed weight is read when the segment using it starts
+    for q in 0..16 {
+        if p.param_streamed[q] {
+            assert_eq!(p.param_issue_segment[q], p.param_prefetch_segment[q]);
+        }
+    }
+    // replaying the choice (the plan cache does) gives the same plan
+    let again = Planner::new(Objective::Latency)
+        .replay(
+            &g,
+            &[host(8 * weight + 4 * MIB)],
+            &p.chosen,
+            &p.node_device,
+            &p.param_streamed,
+        )
+        .unwrap();
+    assert_eq!(again.prefetch_depth, 0);
+    assert_eq!(again.param_issue_segment, p.param_issue_segment);
+}

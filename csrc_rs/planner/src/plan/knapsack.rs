@@ -169,7 +169,10 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
             return None;
         }
         let node_device = streamed.placement.node_device.clone();
-        let trial = s.simulate(Placement::new(g, node_device, param_streamed));
+        let trial = s.simulate_at(
+            Placement::new(g, node_device, param_streamed),
+            streamed.depth,
+        );
         let mut fits = true;
         for (d, dev) in s.devices.iter().enumerate() {
             // A device already over budget with everything streamed must

@@ -183,6 +183,9 @@ pub struct Plan {
     /// before the first use there); -1 for "at the start of the run" and
     /// for parameters not streamed.
     pub param_issue_segment: Vec<i64>,
+    /// How many segments ahead streamed parameters are prefetched; 0 when
+    /// each segment reads its own (a [`SYNC_SUFFIX`] candidate).
+    pub prefetch_depth: u32,
     /// Simulated time until the last output is on the host, in seconds.
     pub predicted_time_s: f64,
     /// Simulated peak memory per device, in bytes.
@@ -376,7 +379,12 @@ impl Planner {
             0,
             None,
         );
-        let trial = s.simulate(placement);
+        let depth = if name.ends_with(SYNC_SUFFIX) {
+            0
+        } else {
+            self.prefetch_depth
+        };
+        let trial = s.simulate_at(placement, depth);
         let index = s.add(name.to_string(), Family::Replayed, trial, false);
         if !s.candidates[index].feasible() {
             return Err(infeasible(&s.candidates, devices, self.host_compute));
@@ -474,6 +482,7 @@ impl Planner {
             param_prefetch_segment,
             param_evict_segment,
             param_issue_segment,
+            prefetch_depth: c.trial.depth,
             predicted_time_s: sim.predicted_time_s,
             peak_bytes: sim.peak_bytes.clone(),
             lower_bound_s: sim.lower_bound_s,
@@ -555,6 +564,10 @@ impl Planner {
             h.str("memory_slack");
             h.f64(self.memory_slack);
         }
+        if chosen.trial.depth != self.prefetch_depth {
+            h.str("depth");
+            h.u64(u64::from(chosen.trial.depth));
+        }
         h.str(&chosen.name);
         h.u32s(&chosen.trial.placement.node_device);
         h.bools(&chosen.trial.placement.param_streamed);
@@ -630,31 +643,45 @@ fn single_device(s: &mut Search) {
     }
 }
 
-/// The listed all-streamed trial of `node_device`, or a new simulation.
-fn streamed_trial(s: &mut Search, node_device: Vec<u32>) -> Trial {
+/// The listed all-streamed trial of `node_device` at prefetch `depth`, or a
+/// new simulation.
+fn streamed_trial(s: &mut Search, node_device: Vec<u32>, depth: u32) -> Trial {
     let pl = Placement::all_streamed(s.g, node_device);
-    match s.find(&pl) {
+    match s.find(&pl, depth) {
         Some(i) => s.candidates[i].trial.clone(),
-        None => s.simulate(pl),
+        None => s.simulate_at(pl, depth),
     }
 }
 
 /// The `knapsack` family: on each accelerator, and on the host when
-/// parameters live on disk (which of them the host keeps in memory).
+/// parameters live on disk (which of them the host keeps in memory), there
+/// also with synchronous reads (see [`SYNC_SUFFIX`]).
 fn knapsack_family(s: &mut Search) {
     let host = s.host_compute && s.g.has_disk_params();
-    let devices = (1..s.devices.len() as u32).chain(host.then_some(HOST));
-    for a in devices {
+    let depth = s.depth;
+    let runs = (1..s.devices.len() as u32)
+        .map(|a| (a, depth))
+        .chain(host.then_some((HOST, depth)))
+        .chain(host.then_some((HOST, 0)));
+    for (a, depth) in runs {
         if s.out_of_time() {
             return;
         }
-        let streamed = streamed_trial(s, all_on(s.g, a));
+        let streamed = streamed_trial(s, all_on(s.g, a), depth);
         if let Some(trial) = knapsack::fit(s, &streamed) {
-            let name = format!("all-on-{}/knapsack", s.devices[a as usize].name);
+            let sync = if depth == 0 { SYNC_SUFFIX } else { "" };
+            let name = format!("all-on-{}/knapsack{sync}", s.devices[a as usize].name);
             s.add(name, Family::Knapsack, trial, false);
         }
     }
 }
+
+/// Suffix of a candidate whose segments read their own streamed parameters
+/// when they start (prefetch depth 0): one read buffer instead of two, so
+/// more of a tight host budget is left for parameters kept in memory, at the
+/// price of reads no longer overlapping compute. [`Planner::replay`] replays
+/// such a name at depth 0.
+pub const SYNC_SUFFIX: &str = "-sync";
 
 /// Lists a DP placement with its residency by knapsack (or everything
 /// streamed when no resident set fits).
@@ -662,7 +689,8 @@ fn add_fitted(s: &mut Search, name: String, family: Family, node_device: Vec<u32
     if s.out_of_time() {
         return;
     }
-    let streamed = streamed_trial(s, node_device);
+    let depth = s.depth;
+    let streamed = streamed_trial(s, node_device, depth);
     let trial = knapsack::fit(s, &streamed).unwrap_or(streamed);
     s.add(name, family, trial, false);
 }
@@ -682,7 +710,7 @@ fn segments_family(s: &mut Search) {
             let headroom = if d == HOST {
                 0
             } else {
-                s.find(&Placement::all_streamed(g, all_on(g, d)))
+                s.find(&Placement::all_streamed(g, all_on(g, d)), s.depth)
                     .map_or(0, |i| s.candidates[i].trial.sim.peak_bytes[d as usize])
             };
             devices[d as usize].budget_bytes.saturating_sub(headroom)

@@ -27,10 +27,12 @@ impl Evaluated {
     }
 }
 
-/// A simulated placement.
+/// A simulated placement, at a prefetch depth (0: each segment reads its own
+/// streamed parameters when it starts).
 #[derive(Clone)]
 pub(crate) struct Trial {
     pub(crate) placement: Placement,
+    pub(crate) depth: u32,
     pub(crate) seg: Segmentation,
     pub(crate) sim: Simulation,
 }
@@ -115,7 +117,12 @@ impl<'a> Search<'a> {
 
     /// Segments and simulates a placement, counting it against the budgets.
     pub(crate) fn simulate(&mut self, placement: Placement) -> Trial {
-        let seg = segment(self.g, &placement, self.depth);
+        self.simulate_at(placement, self.depth)
+    }
+
+    /// [`Search::simulate`] at another prefetch depth.
+    pub(crate) fn simulate_at(&mut self, placement: Placement, depth: u32) -> Trial {
+        let seg = segment(self.g, &placement, depth);
         let sim = self
             .workspace
             .run(self.g, self.devices, &placement, &seg, false);
@@ -123,16 +130,17 @@ impl<'a> Search<'a> {
         self.nodes_simulated += self.g.num_nodes() as u64;
         Trial {
             placement,
+            depth,
             seg,
             sim,
         }
     }
 
-    /// The listed candidate with this placement, if any.
-    pub(crate) fn find(&self, placement: &Placement) -> Option<usize> {
+    /// The listed candidate with this placement and prefetch depth, if any.
+    pub(crate) fn find(&self, placement: &Placement, depth: u32) -> Option<usize> {
         self.candidates
             .iter()
-            .position(|c| c.trial.placement == *placement)
+            .position(|c| c.trial.placement == *placement && c.trial.depth == depth)
     }
 
     /// Lists a simulated placement under `name`, unless the same placement
@@ -144,7 +152,7 @@ impl<'a> Search<'a> {
         trial: Trial,
         budget_free: bool,
     ) -> usize {
-        if let Some(i) = self.find(&trial.placement) {
+        if let Some(i) = self.find(&trial.placement, trial.depth) {
             self.candidates[i].budget_free |= budget_free;
             return i;
         }

@@ -93,7 +93,9 @@ pub(crate) fn uses_streamed(g: &CostGraph, streamed: &[bool], node: usize, devic
 /// starts a new segment when the current segment already holds a node using
 /// a streamed parameter. A streamed parameter's prefetch is issued when the
 /// segment `depth` places before its first using segment on that device
-/// starts (`depth` is at least 1; with 1, the buffers form a double buffer).
+/// starts (with 1, the buffers form a double buffer; the planner's internal
+/// depth 0 issues it when that segment itself starts, which then waits for it:
+/// one buffer, no overlap).
 pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation {
     let n = g.num_nodes();
     let mut node_segment = Vec::with_capacity(n);
@@ -130,7 +132,11 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation
     let mut issue_of = Vec::with_capacity(segment_device.len());
     for (s, &d) in segment_device.iter().enumerate() {
         let list = &mut on_device[d as usize];
-        issue_of.push(list.len().checked_sub(depth as usize).map(|k| list[k]));
+        issue_of.push(if depth == 0 {
+            Some(s as u32)
+        } else {
+            list.len().checked_sub(depth as usize).map(|k| list[k])
+        });
         list.push(s as u32);
     }
 

@@ -525,12 +525,14 @@ impl Workspace {
                 let i = find(instances, node_inst, y as usize, dev);
                 ready = ready.max(instances[i].ready);
             }
-            let start = ready.max(seg_ready[su]);
+            let mut start = ready.max(seg_ready[su]);
             if first_of_segment {
-                // Compared first: two infinite times would subtract to NaN.
-                prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
                 let ids = group(&self.issue_offsets, &self.issue_ids, su);
                 issue(ids, start, &mut mem, &mut queues, seg_ready);
+                // reads issued by the segment for itself (prefetch depth 0) delay it
+                start = start.max(seg_ready[su]);
+                // Compared first: two infinite times would subtract to NaN.
+                prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
             }
             let out = g.node_out_bytes()[x];
             mem.push(dev, start, out, true);
