@@ -47,6 +47,6 @@ PY
   python3 -m bench.planner
   python3 -m bench.fit --quick
   if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-    python3 -m bench.hf_offload --device cuda:0 --repeats 3 --timeout 300 --results "$out"
+    python3 -m bench.hf_offload --device cuda:0 --rounds 1 --repeats 3 --timeout 300 --results "$out"
   fi
 } 2>&1 | tee "$out/gpu_check.log"
