@@ -35,7 +35,7 @@ import torch
 from .errors import CheckpointError
 from .offload import OffloadStore, TensorLocation, safetensors_locations
 from .plan import GraphPlan
-from .profile.cache import cache_dir
+from .profile.cache import default_offload_dir
 from .settings import Settings
 from .units import format_bytes
 
@@ -138,7 +138,7 @@ def _bound(tensor: torch.Tensor, location: TensorLocation) -> torch.Tensor:
 
 def offload_dir(settings: Settings) -> Path:
     """The disk tier's directory: the ``offload_dir`` option, else ``<cache dir>/offload``."""
-    return Path(settings.offload_dir) if settings.offload_dir else cache_dir() / "offload"
+    return Path(settings.offload_dir) if settings.offload_dir else default_offload_dir()
 
 
 def place_on_disk(
