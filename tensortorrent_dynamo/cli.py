@@ -78,6 +78,14 @@ def _profile_section(hints: list[str]) -> None:
     on = _existing_ancestor(offload)
     free = psutil.disk_usage(str(on)).free
     print(f"offload dir   {offload}: {format_bytes(free)} free ({filesystem(on)})")
+    stores = sorted(offload.glob("*/manifest.json")) if offload.is_dir() else []
+    if stores:
+        held = sum(f.stat().st_size for m in stores for f in m.parent.iterdir() if f.is_file())
+        print(
+            f"              {len(stores)} offload store(s) holding {format_bytes(held)} of "
+            "weights (one per model layout; delete one to reclaim it: it is written again "
+            "when a model needs it)"
+        )
     if not os.access(on, os.W_OK):
         hints.append(
             f"{on} is not writable: pass --offload-dir to validate-hardware, or set "

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_doctor_reports_planner_and_backend() -> None:
@@ -15,6 +17,23 @@ def test_doctor_reports_planner_and_backend() -> None:
     assert "planner       native, version" in result.stdout
     assert "'tensortorrent' registered" in result.stdout
     assert "torch " in result.stdout
+
+
+def test_doctor_counts_the_offload_stores(tmp_path: Path) -> None:
+    import torch
+
+    from tensortorrent_dynamo.offload import OffloadStore
+
+    OffloadStore(tmp_path / "offload" / "layout").write({"w": torch.ones(1024)})
+    result = subprocess.run(
+        [sys.executable, "-m", "tensortorrent_dynamo.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TENSORTORRENT_CACHE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 offload store(s) holding" in result.stdout
 
 
 def test_unknown_command_is_refused() -> None:
