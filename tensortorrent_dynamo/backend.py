@@ -25,10 +25,9 @@ from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
 from .homes import pin_streamed_weights, place_on_disk, released_location
-from .offload import DiskReader, HostBufferPool, TensorLocation
+from .offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
-from .profile.disk import PAGE_BYTES
 from .rewrite import rewrite
 from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
@@ -130,8 +129,7 @@ class Session:
             if plan.on_disk(i) and plan.is_streamed(i)
         ]
         if streamed:
-            # a read buffer is the tensor's pages plus one (O_DIRECT reads whole pages)
-            largest = -(-max(streamed) // PAGE_BYTES) * PAGE_BYTES + PAGE_BYTES
+            largest = read_buffer_bytes(max(streamed))
             pool = self.disk.pool
             pool.max_idle_bytes = max(pool.max_idle_bytes or 0, largest)
         return self.disk

@@ -109,10 +109,11 @@ def _find(
 ) -> TensorLocation:
     """The checkpoint entry of ``tensor``: by ``fqn``, else by any other name it has
     (a tied weight may be stored under either)."""
-    names = [fqn]
-    names += [n for n, p in model.named_parameters(remove_duplicate=False) if p is tensor]
-    names += [n for n, b in model.named_buffers(remove_duplicate=False) if b is tensor]
-    location = next((locations[n] for n in names if n in locations), None)
+    location = locations.get(fqn)
+    if location is None:  # walk the model's names only for a tensor stored under another
+        names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is tensor]
+        names += [n for n, b in model.named_buffers(remove_duplicate=False) if b is tensor]
+        location = next((locations[n] for n in names if n in locations), None)
     if location is None:
         raise CheckpointError(
             f"{path}: no tensor named {fqn!r}; the model's {fqn} is on the meta device, so "

@@ -126,6 +126,12 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def read_buffer_bytes(nbytes: int) -> int:
+    """The most a read of an ``nbytes`` tensor takes from the pool: its whole pages plus
+    one, since with ``O_DIRECT`` it may start anywhere inside its first page."""
+    return _round_up(nbytes, PAGE_BYTES) + PAGE_BYTES
+
+
 def _names(keys: Sequence[str], limit: int = 8) -> str:
     """``'a', 'b' and 3 more``: a readable list of tensor names."""
     shown = ", ".join(repr(k) for k in keys[:limit])
@@ -534,7 +540,7 @@ class DiskReader:
             first, last = loc.offset // PAGE_BYTES * PAGE_BYTES, _round_up(end, PAGE_BYTES)
             # Ask for the widest span a tensor of this size can need wherever it starts, so
             # that equal tensors share one capacity in the pool.
-            buffer = self.pool.take(_round_up(loc.nbytes, PAGE_BYTES) + PAGE_BYTES)
+            buffer = self.pool.take(read_buffer_bytes(loc.nbytes))
         else:
             first, last = loc.offset, end
             buffer = self.pool.take(loc.nbytes)
