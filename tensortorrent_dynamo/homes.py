@@ -55,10 +55,15 @@ def released_location(tensor: torch.Tensor) -> TensorLocation | None:
     return entry[1]
 
 
-def _release(tensor: torch.Tensor, location: TensorLocation) -> None:
-    """Give the tensor's RAM back: the same tensor object now holds an empty placeholder."""
+def _remember(tensor: torch.Tensor, location: TensorLocation) -> None:
+    """Record that ``tensor``'s bytes are at ``location``, for as long as it lives."""
     key = id(tensor)
     _released[key] = (weakref.ref(tensor, lambda _: _released.pop(key, None)), location)
+
+
+def _release(tensor: torch.Tensor, location: TensorLocation) -> None:
+    """Give the tensor's RAM back: the same tensor object now holds an empty placeholder."""
+    _remember(tensor, location)
     tensor.data = _placeholder(location)
 
 
@@ -132,8 +137,7 @@ def _bound(tensor: torch.Tensor, location: TensorLocation) -> torch.Tensor:
     placeholder = _placeholder(location)
     if isinstance(tensor, torch.nn.Parameter):
         placeholder = torch.nn.Parameter(placeholder, requires_grad=tensor.requires_grad)
-    key = id(placeholder)
-    _released[key] = (weakref.ref(placeholder, lambda _: _released.pop(key, None)), location)
+    _remember(placeholder, location)
     return placeholder
 
 
