@@ -162,6 +162,14 @@ class Plan:
         """Segment whose start issues each streamed parameter's prefetch; -1 for the
         start of the run and for parameters not streamed."""
     @property
+    def value_spilled(self) -> list[bool]:
+        """Whether each node's value is spilled to the host between its producing
+        segment and its next use."""
+    @property
+    def value_reload_segment(self) -> list[int]:
+        """Segment whose start issues each spilled value's copy back to its device;
+        -1 for values not spilled."""
+    @property
     def prefetch_depth(self) -> int:
         """How many segments ahead streamed parameters are prefetched; 0 when each
         segment reads its own when it starts (a "-sync" candidate)."""
@@ -276,6 +284,7 @@ def replay(
     node_device: Sequence[int],
     param_streamed: Sequence[bool],
     *,
+    value_spilled: Sequence[bool] = ...,
     prefetch_depth: int = 1,
     memory_slack: float = ...,
 ) -> Plan:
@@ -291,10 +300,13 @@ def simulate(
     node_device: Sequence[int],
     param_streamed: Sequence[bool],
     *,
+    value_spilled: Sequence[bool] = ...,
     prefetch_depth: int = 1,
 ) -> Simulation:
     """Simulate one placement: each node's device and whether each parameter is
-    streamed (ignored for parameters no accelerator uses, unless their home is disk).
+    streamed (ignored for parameters no accelerator uses, unless their home is disk),
+    and which values are spilled to the host between uses (one flag per node;
+    ignored where a value cannot be).
     Raises ``InvalidPlacement`` for wrong lengths, unknown devices or a host-only node
     placed elsewhere. Releases the GIL.
     """

@@ -121,6 +121,20 @@ impl PyPlan {
         self.inner.param_issue_segment.clone()
     }
 
+    /// Whether each node's value is spilled to the host between its
+    /// producing segment and its next use.
+    #[getter]
+    fn value_spilled(&self) -> Vec<bool> {
+        self.inner.value_spilled.clone()
+    }
+
+    /// Segment whose start issues each spilled value's copy back to its
+    /// device; -1 for values not spilled.
+    #[getter]
+    fn value_reload_segment(&self) -> Vec<i64> {
+        self.inner.value_reload_segment.clone()
+    }
+
     /// How many segments ahead streamed parameters are prefetched; 0 when
     /// each segment reads its own when it starts (a "-sync" candidate).
     #[getter]
@@ -274,11 +288,12 @@ pub(crate) fn plan(
     node_device,
     param_streamed,
     *,
+    value_spilled = Vec::new(),
     prefetch_depth = 1,
     memory_slack = Planner::DEFAULT_MEMORY_SLACK,
 ))]
 // PyO3 extracts Python sequences into owned vectors; the core borrows them.
-#[allow(clippy::needless_pass_by_value)]
+#[allow(clippy::needless_pass_by_value, clippy::too_many_arguments)]
 pub(crate) fn replay(
     py: Python<'_>,
     graph: &Bound<'_, PyCostGraph>,
@@ -288,6 +303,7 @@ pub(crate) fn replay(
     name: &str,
     node_device: Vec<u32>,
     param_streamed: Vec<bool>,
+    value_spilled: Vec<bool>,
     prefetch_depth: u32,
     memory_slack: f64,
 ) -> PyResult<PyPlan> {
@@ -295,7 +311,16 @@ pub(crate) fn replay(
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
-        .detach(|| configured.replay(graph, &devices, name, &node_device, &param_streamed))
+        .detach(|| {
+            configured.replay(
+                graph,
+                &devices,
+                name,
+                &node_device,
+                &param_streamed,
+                &value_spilled,
+            )
+        })
         .map_err(|e| to_py_err(py, &e))?;
     wrap(py, planned, devices)
 }

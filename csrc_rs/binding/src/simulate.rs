@@ -97,9 +97,18 @@ impl PySimulation {
 
 /// Simulates one placement of `graph` on `devices`: the device of each
 /// node and whether each parameter is streamed, prefetched
-/// `prefetch_depth` segments ahead. Releases the GIL while simulating.
+/// `prefetch_depth` segments ahead, and optionally which values are spilled
+/// to the host between uses. Releases the GIL while simulating.
 #[pyfunction]
-#[pyo3(signature = (graph, devices, node_device, param_streamed, *, prefetch_depth = 1))]
+#[pyo3(signature = (
+    graph,
+    devices,
+    node_device,
+    param_streamed,
+    *,
+    value_spilled = Vec::new(),
+    prefetch_depth = 1,
+))]
 // PyO3 extracts Python sequences into owned vectors; the core borrows them.
 #[allow(clippy::needless_pass_by_value)]
 pub(crate) fn simulate(
@@ -108,17 +117,19 @@ pub(crate) fn simulate(
     devices: Vec<PyRef<'_, PyDevice>>,
     node_device: Vec<u32>,
     param_streamed: Vec<bool>,
+    value_spilled: Vec<bool>,
     prefetch_depth: u32,
 ) -> PyResult<PySimulation> {
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let inner = py
         .detach(|| {
-            tensortorrent_planner::simulate(
+            tensortorrent_planner::simulate_spilled(
                 graph,
                 &devices,
                 &node_device,
                 &param_streamed,
+                &value_spilled,
                 prefetch_depth,
             )
         })

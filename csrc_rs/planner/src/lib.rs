@@ -54,7 +54,7 @@ pub use crate::{
     exhaustive::{exhaustive, Optimum},
     graph::{CostGraph, Tier},
     plan::{plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason, SYNC_SUFFIX},
-    simulate::{simulate, Activity, Record, Resource, Simulation},
+    simulate::{simulate, simulate_spilled, Activity, Record, Resource, Simulation},
 };
 
 /// Version of this crate.

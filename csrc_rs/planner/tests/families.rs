@@ -397,6 +397,7 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
             &p.chosen,
             &p.node_device,
             &p.param_streamed,
+            &p.value_spilled,
         )
         .unwrap();
     assert_eq!(again.prefetch_depth, 0);

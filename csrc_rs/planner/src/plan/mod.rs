@@ -18,6 +18,9 @@
 //!   the best `all-on-<a>` candidate kept, the DP over the host and `a`
 //!   decides which stretches compute on the host because streaming their
 //!   weights costs more than computing them there.
+//! * `spill`: each candidate over an accelerator's budget again with every
+//!   spillable value spilled to the host between its uses (see
+//!   `Placement`); listed as `<name>/spill` when that lowers its overshoot.
 //! * `local-search`: hill climbing from the candidates so far (see
 //!   `local_search`); listed when it finds a better placement.
 //!
@@ -115,6 +118,8 @@ pub enum Family {
     /// An accelerator's resident set kept, the rest computed on the host
     /// where streaming it costs more.
     HostStretches,
+    /// A candidate over an accelerator's budget with its values spilled.
+    Spill,
     /// Improved by local search.
     LocalSearch,
     /// A placement given from outside, simulated without search.
@@ -123,7 +128,7 @@ pub enum Family {
 
 impl Family {
     /// The family's name: `"single-device"`, `"knapsack"`, `"segments"`,
-    /// `"host-stretches"` or `"local-search"`.
+    /// `"host-stretches"`, `"spill"`, `"local-search"` or `"replayed"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -131,6 +136,7 @@ impl Family {
             Self::Knapsack => "knapsack",
             Self::Segments => "segments",
             Self::HostStretches => "host-stretches",
+            Self::Spill => "spill",
             Self::LocalSearch => "local-search",
             Self::Replayed => "replayed",
         }
@@ -183,6 +189,12 @@ pub struct Plan {
     /// before the first use there); -1 for "at the start of the run" and
     /// for parameters not streamed.
     pub param_issue_segment: Vec<i64>,
+    /// Whether each node's value is spilled to the host between its
+    /// producing segment and its next use (only spillable values are).
+    pub value_spilled: Vec<bool>,
+    /// For spilled values, the segment whose start issues the copy back to
+    /// the device; -1 otherwise.
+    pub value_reload_segment: Vec<i64>,
     /// How many segments ahead streamed parameters are prefetched; 0 when
     /// each segment reads its own (a [`SYNC_SUFFIX`] candidate).
     pub prefetch_depth: u32,
@@ -341,6 +353,7 @@ impl Planner {
         knapsack_family(&mut s);
         segments_family(&mut s);
         host_stretches(&mut s);
+        spill_family(&mut s);
         self.local_search(&mut s);
         let report = Report {
             stop_reason: s.stop.unwrap_or(StopReason::Saturated),
@@ -360,6 +373,8 @@ impl Planner {
     /// * [`PlanError::InvalidDevices`] or [`PlanError::InvalidPlacement`] for
     ///   a malformed device list or placement;
     /// * [`PlanError::Infeasible`] when the placement does not fit the budgets.
+    ///
+    /// `value_spilled` is the plan's per-node spill flags, or empty for none.
     pub fn replay(
         &self,
         graph: &CostGraph,
@@ -367,10 +382,12 @@ impl Planner {
         name: &str,
         node_device: &[u32],
         param_streamed: &[bool],
+        value_spilled: &[bool],
     ) -> Result<Plan, PlanError> {
         validate_devices(devices)?;
         check_depth(self.prefetch_depth)?;
-        let placement = checked_placement(graph, devices, node_device, param_streamed)?;
+        let placement =
+            checked_placement(graph, devices, node_device, param_streamed, value_spilled)?;
         let mut s = Search::new(
             graph,
             devices,
@@ -379,7 +396,7 @@ impl Planner {
             0,
             None,
         );
-        let depth = if name.ends_with(SYNC_SUFFIX) {
+        let depth = if name.split('/').any(|part| part.ends_with(SYNC_SUFFIX)) {
             0
         } else {
             self.prefetch_depth
@@ -467,6 +484,12 @@ impl Planner {
                 param_issue_segment[q] = span.issue_segment.map_or(-1, i64::from);
             }
         }
+        let mut value_spilled = vec![false; g.num_nodes()];
+        let mut value_reload_segment = vec![-1i64; g.num_nodes()];
+        for spill in &seg.spills {
+            value_spilled[spill.node as usize] = true;
+            value_reload_segment[spill.node as usize] = i64::from(spill.issue_segment);
+        }
         let busy_fraction = sim
             .busy_fraction()
             .into_iter()
@@ -482,6 +505,8 @@ impl Planner {
             param_prefetch_segment,
             param_evict_segment,
             param_issue_segment,
+            value_spilled,
+            value_reload_segment,
             prefetch_depth: c.trial.depth,
             predicted_time_s: sim.predicted_time_s,
             peak_bytes: sim.peak_bytes.clone(),
@@ -571,6 +596,10 @@ impl Planner {
         h.str(&chosen.name);
         h.u32s(&chosen.trial.placement.node_device);
         h.bools(&chosen.trial.placement.param_streamed);
+        if chosen.trial.placement.spills() {
+            h.str("value_spilled");
+            h.bools(&chosen.trial.placement.value_spilled);
+        }
         h.hex()
     }
 }
@@ -758,6 +787,42 @@ fn host_stretches(s: &mut Search) {
         let trial = s.simulate(Placement::new(g, node_device, streamed));
         let name = format!("host-stretches/{}", devices[a as usize].name);
         s.add(name, Family::HostStretches, trial, false);
+    }
+}
+
+/// The `spill` family: every candidate over an accelerator's budget again
+/// with every spillable value spilled, listed when that lowers its overshoot.
+fn spill_family(s: &mut Search) {
+    let over_accelerator = |sim: &Simulation, devices: &[Device]| {
+        sim.peak_bytes
+            .iter()
+            .zip(devices)
+            .skip(1)
+            .any(|(&peak, d)| peak > d.budget_bytes)
+    };
+    let n = s.g.num_nodes();
+    let over: Vec<usize> = (0..s.candidates.len())
+        .filter(|&i| over_accelerator(&s.candidates[i].trial.sim, s.devices))
+        .collect();
+    for i in over {
+        if s.out_of_time() {
+            return;
+        }
+        let c = &s.candidates[i];
+        let (name, shortfall, budget_free) =
+            (format!("{}/spill", c.name), c.shortfall, c.budget_free);
+        let (placement, depth) = (c.trial.placement.clone(), c.trial.depth);
+        let mut trial = s.simulate_at(placement.with_spills(vec![true; n]), depth);
+        if trial.seg.spills.is_empty() || s.shortfall(&trial.sim) >= shortfall {
+            continue;
+        }
+        // Only the flags that take effect, so equal plans compare equal.
+        let mut spilled = vec![false; n];
+        for spill in &trial.seg.spills {
+            spilled[spill.node as usize] = true;
+        }
+        trial.placement.value_spilled = spilled;
+        s.add(name, Family::Spill, trial, budget_free);
     }
 }
 

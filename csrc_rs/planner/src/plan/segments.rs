@@ -13,10 +13,16 @@ pub(crate) const HOST: u32 = 0;
 /// to each device using it before its first using segment there and dropped
 /// after its last. Only parameters used on an accelerator, or whose home is
 /// disk, can be streamed: [`Placement::new`] clears the other flags.
+///
+/// A spilled value (`value_spilled[node]`) is copied to the host once its
+/// producing segment made it and copied back ahead of its next consuming
+/// segment, so that the accelerator does not hold it in between; the flag
+/// means something only where [`segment`] finds the value spillable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placement {
     pub(crate) node_device: Vec<u32>,
     pub(crate) param_streamed: Vec<bool>,
+    pub(crate) value_spilled: Vec<bool>,
 }
 
 impl Placement {
@@ -26,10 +32,24 @@ impl Placement {
         for (q, s) in param_streamed.iter_mut().enumerate() {
             *s = *s && streamable(g, &node_device, q);
         }
+        let value_spilled = vec![false; node_device.len()];
         Self {
             node_device,
             param_streamed,
+            value_spilled,
         }
+    }
+
+    /// The placement with these values spilled (see [`Placement`]).
+    pub(crate) fn with_spills(mut self, value_spilled: Vec<bool>) -> Self {
+        debug_assert_eq!(value_spilled.len(), self.node_device.len());
+        self.value_spilled = value_spilled;
+        self
+    }
+
+    /// Whether any value is marked spilled.
+    pub(crate) fn spills(&self) -> bool {
+        self.value_spilled.iter().any(|&s| s)
     }
 
     /// The placement with every streamable parameter streamed.
@@ -69,6 +89,19 @@ pub(crate) struct StreamSpan {
     pub(crate) issue_segment: Option<u32>,
 }
 
+/// The trip of one spilled value: copied to the host after its producing
+/// segment made it, copied back when `issue_segment` starts (the segment
+/// `depth` places before `first_segment` on the device, always after the
+/// producing one), dropped after `last_segment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SpillSpan {
+    pub(crate) node: u32,
+    pub(crate) device: u32,
+    pub(crate) first_segment: u32,
+    pub(crate) last_segment: u32,
+    pub(crate) issue_segment: u32,
+}
+
 /// Segments of a placement, plus the streaming spans they imply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Segmentation {
@@ -79,6 +112,8 @@ pub(crate) struct Segmentation {
     pub(crate) segment_last_node: Vec<u32>,
     /// Spans ordered by `(first_segment, param)`.
     pub(crate) spans: Vec<StreamSpan>,
+    /// Spilled values that are spillable, in node order.
+    pub(crate) spills: Vec<SpillSpan>,
 }
 
 /// Whether `node` (placed on `device`) uses a parameter streamed to `device`.
@@ -174,11 +209,55 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation
     }
     spans.sort_unstable_by_key(|s| (s.first_segment, s.param));
 
+    let spills = (0..n)
+        .filter(|&x| pl.value_spilled[x])
+        .filter_map(|x| spill_span(g, pl, &node_segment, &issue_of, x))
+        .collect();
+
     Segmentation {
         node_segment,
         segment_device,
         segment_first_node,
         segment_last_node,
         spans,
+        spills,
     }
+}
+
+/// The spill of `x`'s value, when it is spillable: made on an accelerator,
+/// not a graph output, used only on that device, and needed again only after
+/// a reload issued later than its producing segment (otherwise the device
+/// would hold it throughout anyway).
+fn spill_span(
+    g: &CostGraph,
+    pl: &Placement,
+    node_segment: &[u32],
+    issue_of: &[Option<u32>],
+    x: usize,
+) -> Option<SpillSpan> {
+    let device = pl.node_device[x];
+    if device == HOST || g.is_output(x) {
+        return None;
+    }
+    let made = node_segment[x];
+    let mut first = u32::MAX;
+    let mut last = 0;
+    for &c in g.consumers(x) {
+        if pl.node_device[c as usize] != device {
+            return None;
+        }
+        let at = node_segment[c as usize];
+        if at != made {
+            first = first.min(at);
+            last = last.max(at);
+        }
+    }
+    let issue_segment = issue_of.get(first as usize).copied().flatten()?;
+    (issue_segment > made).then_some(SpillSpan {
+        node: x as u32,
+        device,
+        first_segment: first,
+        last_segment: last,
+        issue_segment,
+    })
 }

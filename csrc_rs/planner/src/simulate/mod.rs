@@ -19,6 +19,12 @@
 //!   copied on), or straight into host memory for host nodes. Resident
 //!   parameters occupy their devices for the whole run; the host holds every
 //!   parameter whose home is the host;
+//! * a spilled value (see `Placement`) is copied to the host by the
+//!   device-to-host engine as soon as it is produced; the device copy is
+//!   freed once that copy and the consumers in its own segment are done. It
+//!   is copied back by the host-to-device engine when its reload's issue
+//!   segment starts (the host copy freed once that copy is done) and lives
+//!   there until its last consuming segment ends;
 //! * a value lives on a device from its creation (node start or copy start)
 //!   until its last consumer there is done and its copies out completed. A
 //!   consumer in the producer's own segment is done when it finishes; any
@@ -84,7 +90,7 @@ impl Simulation {
     }
 }
 
-/// Simulates one placement of `graph` on `devices`.
+/// Simulates one placement of `graph` on `devices`, no value spilled.
 ///
 /// `node_device` gives each node's device index; `param_streamed` whether
 /// each parameter is streamed (ignored for parameters no accelerator uses
@@ -104,9 +110,34 @@ pub fn simulate(
     param_streamed: &[bool],
     prefetch_depth: u32,
 ) -> Result<Simulation, PlanError> {
+    simulate_spilled(
+        graph,
+        devices,
+        node_device,
+        param_streamed,
+        &[],
+        prefetch_depth,
+    )
+}
+
+/// [`simulate`] with the values of the nodes flagged in `value_spilled`
+/// spilled to the host between uses (one flag per node, or empty for none;
+/// a flag on a value that is not spillable is ignored).
+///
+/// # Errors
+/// As [`simulate`], and [`PlanError::InvalidPlacement`] when
+/// `value_spilled` is neither empty nor one flag per node.
+pub fn simulate_spilled(
+    graph: &CostGraph,
+    devices: &[Device],
+    node_device: &[u32],
+    param_streamed: &[bool],
+    value_spilled: &[bool],
+    prefetch_depth: u32,
+) -> Result<Simulation, PlanError> {
     validate_devices(devices)?;
     check_depth(prefetch_depth)?;
-    let placement = checked_placement(graph, devices, node_device, param_streamed)?;
+    let placement = checked_placement(graph, devices, node_device, param_streamed, value_spilled)?;
     let seg = segment(graph, &placement, prefetch_depth);
     Ok(run(graph, devices, &placement, &seg, true))
 }
@@ -127,8 +158,16 @@ pub(crate) fn checked_placement(
     devices: &[Device],
     node_device: &[u32],
     param_streamed: &[bool],
+    value_spilled: &[bool],
 ) -> Result<Placement, PlanError> {
     let invalid = PlanError::InvalidPlacement;
+    if !value_spilled.is_empty() && value_spilled.len() != g.num_nodes() {
+        return Err(invalid(format!(
+            "value_spilled has {} entries but the graph has {} nodes",
+            value_spilled.len(),
+            g.num_nodes()
+        )));
+    }
     if node_device.len() != g.num_nodes() {
         return Err(invalid(format!(
             "node_device has {} entries but the graph has {} nodes",
@@ -157,11 +196,12 @@ pub(crate) fn checked_placement(
             )));
         }
     }
-    Ok(Placement::new(
-        g,
-        node_device.to_vec(),
-        param_streamed.to_vec(),
-    ))
+    let placement = Placement::new(g, node_device.to_vec(), param_streamed.to_vec());
+    Ok(if value_spilled.is_empty() {
+        placement
+    } else {
+        placement.with_spills(value_spilled.to_vec())
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +229,8 @@ struct Instance {
     segment: u32,
     /// Last consuming segment (plus one) already waiting to release this.
     pending_in: u32,
+    /// The reloaded copy of a spilled value (its other segments read it).
+    reload: bool,
 }
 
 struct Memory {
@@ -322,6 +364,12 @@ pub(crate) struct Workspace {
     other_segments: Vec<u32>,
     last_segment: Vec<u32>,
     consumer_devices: Vec<u32>,
+    reload_offsets: Vec<u32>,
+    reload_ids: Vec<u32>,
+    /// Per node: its spill's index in the segmentation, or `u32::MAX`.
+    node_spill: Vec<u32>,
+    /// Per spill: the index of its host copy (the reloaded copy follows).
+    spill_inst: Vec<usize>,
 }
 
 /// Groups span ids by a segment key into CSR arrays (ids ascending).
@@ -426,6 +474,19 @@ impl Workspace {
             &mut self.evict_offsets,
             &mut self.evict_ids,
         );
+        group_by_segment(
+            num_segments,
+            seg.spills.iter().map(|s| Some(s.issue_segment)),
+            &mut self.reload_offsets,
+            &mut self.reload_ids,
+        );
+        self.node_spill.clear();
+        self.node_spill.resize(n, u32::MAX);
+        for (k, spill) in seg.spills.iter().enumerate() {
+            self.node_spill[spill.node as usize] = k as u32;
+        }
+        self.spill_inst.clear();
+        self.spill_inst.resize(seg.spills.len(), usize::MAX);
         self.initial.clear();
         self.initial.extend(
             (0..seg.spans.len() as u32).filter(|&k| seg.spans[k as usize].issue_segment.is_none()),
@@ -504,13 +565,20 @@ impl Workspace {
         let mut last_output = f64::NEG_INFINITY;
         let mut makespan = 0.0f64;
 
-        let find = |instances: &[Instance], node_inst: &[usize], y: usize, d: u32| -> usize {
+        let node_spill = &self.node_spill;
+        let spill_inst = &mut self.spill_inst;
+        // The copy of y's value that a node of segment `sid` on `d` reads:
+        // the reloaded one for a spilled value outside its own segment.
+        let find = |instances: &[Instance], node_inst: &[usize], y: usize, d: u32, sid: u32| {
             let (lo, hi) = (node_inst[y], node_inst[y + 1]);
+            let reload = node_spill[y] != u32::MAX && instances[lo].segment != sid;
             (lo..hi)
-                .find(|&i| instances[i].device == d)
+                .find(|&i| instances[i].device == d && instances[i].reload == reload)
                 .expect("every consumer device of a value receives a copy")
         };
 
+        // x indexes the graph's arrays as much as the workspace's.
+        #[allow(clippy::needless_range_loop)]
         for x in 0..n {
             // Instances of x start here (and those of x - 1 end here).
             node_inst.push(instances.len());
@@ -520,9 +588,32 @@ impl Workspace {
             let su = sid as usize;
             let first_of_segment = seg.segment_first_node[su] as usize == x;
 
+            if first_of_segment {
+                // Reloads go out when the device is free to start the segment.
+                let at = queues.free_at(Resource::Compute(dev));
+                for &k in group(&self.reload_offsets, &self.reload_ids, su) {
+                    let spill = seg.spills[k as usize];
+                    let host = spill_inst[k as usize];
+                    let (bytes, on_host) = (instances[host].bytes, instances[host].ready);
+                    let copy = bytes as f64 / devices[spill.device as usize].h2d_bytes_per_s;
+                    mem.push(spill.device, at, bytes, true);
+                    let (_, end) = queues.run(
+                        Resource::HostToDevice(spill.device),
+                        at.max(on_host),
+                        copy,
+                        Activity::Reload,
+                        spill.node,
+                    );
+                    instances[host].floor = end;
+                    let inst = instances[host];
+                    mem.release(&inst, end);
+                    instances[host + 1].ready = end;
+                }
+            }
+
             let mut ready = queues.free_at(Resource::Compute(dev));
             for &y in g.inputs(x) {
-                let i = find(instances, node_inst, y as usize, dev);
+                let i = find(instances, node_inst, y as usize, dev, sid);
                 ready = ready.max(instances[i].ready);
             }
             let mut start = ready.max(seg_ready[su]);
@@ -549,7 +640,7 @@ impl Workspace {
             // Inputs: released now when made in this segment, else when it ends.
             let tag = x as u32 + 1;
             for &y in g.inputs(x) {
-                let i = find(instances, node_inst, y as usize, dev);
+                let i = find(instances, node_inst, y as usize, dev, sid);
                 if input_stamp[i] == tag {
                     continue;
                 }
@@ -587,16 +678,49 @@ impl Workspace {
             let is_output = g.is_output(x);
 
             let lo = instances.len();
+            let spill = node_spill[x];
             instances.push(Instance {
                 device: dev,
                 bytes: out,
                 ready: finish,
-                remaining: releases(dev) + u32::from(is_output && dev != HOST),
+                remaining: if spill == u32::MAX {
+                    releases(dev) + u32::from(is_output && dev != HOST)
+                } else {
+                    same_segment[du]
+                },
                 floor: finish,
                 keep: is_output && dev == HOST,
                 segment: sid,
                 pending_in: 0,
+                reload: false,
             });
+            if spill != u32::MAX {
+                // Spillable values are used on their own device only.
+                let copy = out as f64 / devices[du].d2h_bytes_per_s;
+                let (cs, ce) = queues.run(
+                    Resource::DeviceToHost(dev),
+                    finish,
+                    copy,
+                    Activity::Spill,
+                    x as u32,
+                );
+                mem.push(HOST, cs, out, true);
+                instances[lo].floor = ce;
+                spill_inst[spill as usize] = instances.len();
+                for (device, remaining) in [(HOST, 1), (dev, other_segments[du])] {
+                    instances.push(Instance {
+                        device,
+                        bytes: out,
+                        ready: if device == HOST { ce } else { f64::INFINITY },
+                        remaining,
+                        floor: ce,
+                        keep: false,
+                        segment: u32::MAX,
+                        pending_in: 0,
+                        reload: device != HOST,
+                    });
+                }
+            }
             let mut host_copy = None;
             if dev != HOST && consumer_devices.iter().any(|&cd| cd != dev) {
                 let copy = out as f64 / devices[du].d2h_bytes_per_s;
@@ -619,6 +743,7 @@ impl Workspace {
                     keep: false,
                     segment: u32::MAX,
                     pending_in: 0,
+                    reload: false,
                 });
             }
             for &cd in consumer_devices.iter() {
@@ -645,6 +770,7 @@ impl Workspace {
                     keep: false,
                     segment: u32::MAX,
                     pending_in: 0,
+                    reload: false,
                 });
             }
             for &cd in consumer_devices.iter() {

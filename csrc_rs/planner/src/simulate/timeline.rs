@@ -58,10 +58,15 @@ pub enum Activity {
     Value,
     /// A graph output copied back to the host at the end (index: node).
     Output,
+    /// A spilled value copied to the host to free its device (index: node).
+    Spill,
+    /// A spilled value copied back for its next use (index: node).
+    Reload,
 }
 
 impl Activity {
-    /// The activity's name: `"node"`, `"param"`, `"value"` or `"output"`.
+    /// The activity's name: `"node"`, `"param"`, `"value"`, `"output"`,
+    /// `"spill"` or `"reload"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -69,6 +74,8 @@ impl Activity {
             Self::Param => "param",
             Self::Value => "value",
             Self::Output => "output",
+            Self::Spill => "spill",
+            Self::Reload => "reload",
         }
     }
 }

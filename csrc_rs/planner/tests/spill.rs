@@ -1,0 +1,159 @@
+//! Activation spill: a value the accelerator would hold across segments
+//! that do not use it goes to the host and comes back for its next use.
+
+mod common;
+
+use common::{accelerator, host, Builder, MIB};
+use tensortorrent_planner::{
+    plan, simulate, simulate_spilled, Activity, CostGraph, Device, Objective, Planner, Resource,
+};
+
+/// A long skip connection: `skip` (32 MiB, node 1) is made first and used
+/// again only by the last node; five layers in between each stream a
+/// 16 MiB weight (so each is a segment of its own), the second of them
+/// making a wide 48 MiB activation. Each node computes for 10 ms, longer
+/// than any copy.
+fn skip_graph() -> CostGraph {
+    let mut b = Builder::default();
+    let x = b.input(4 * MIB);
+    let skip = b.node(1e10, 32 * MIB, false, &[x]);
+    let mut prev = skip;
+    for (k, out) in [4, 48, 4, 4, 4].into_iter().enumerate() {
+        let inputs = if k == 0 { vec![skip] } else { vec![prev] };
+        prev = b.node(1e10, out * MIB, false, &inputs);
+        b.param(16 * MIB, &[prev]);
+    }
+    let last = b.node(1e10, MIB, false, &[prev, skip]);
+    b.output(last);
+    b.build()
+}
+
+const SKIP: usize = 1;
+
+fn on_accelerator(g: &CostGraph) -> Vec<u32> {
+    let mut d = vec![1; g.num_nodes()];
+    d[0] = 0; // the graph input stays on the host
+    d
+}
+
+fn devices(budget: u64) -> Vec<Device> {
+    vec![host(64 * 1024 * MIB), accelerator("virtual:0", budget)]
+}
+
+fn spilled(g: &CostGraph, nodes: &[usize]) -> Vec<bool> {
+    (0..g.num_nodes()).map(|x| nodes.contains(&x)).collect()
+}
+
+#[test]
+fn a_spilled_skip_leaves_the_accelerator_between_its_uses() {
+    let g = skip_graph();
+    let devs = devices(1024 * MIB);
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let kept = simulate(&g, &devs, &nodes, &streamed, 1).unwrap();
+    let spill = spilled(&g, &[SKIP]);
+    let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spill, 1).unwrap();
+    // The widest segment no longer holds the 32 MiB skip.
+    assert_eq!(kept.peak_bytes[1] - sim.peak_bytes[1], 32 * MIB);
+    // Host memory holds it meanwhile.
+    assert!(sim.peak_bytes[0] >= 32 * MIB);
+
+    let record = |activity: Activity| {
+        sim.timeline
+            .iter()
+            .find(|r| r.activity == activity && r.index == SKIP as u32)
+            .unwrap_or_else(|| panic!("no {activity} of the skip"))
+    };
+    let (out, back) = (record(Activity::Spill), record(Activity::Reload));
+    assert_eq!(out.resource, Resource::DeviceToHost(1));
+    assert_eq!(back.resource, Resource::HostToDevice(1));
+    let made = sim
+        .timeline
+        .iter()
+        .find(|r| r.activity == Activity::Node && r.index == SKIP as u32)
+        .unwrap();
+    let last = g.num_nodes() as u32 - 1;
+    let used = sim
+        .timeline
+        .iter()
+        .find(|r| r.activity == Activity::Node && r.index == last)
+        .unwrap();
+    assert!(out.start_s >= made.end_s);
+    assert!(back.start_s >= out.end_s);
+    assert!(used.start_s >= back.end_s);
+    // Both copies cost time on their engines, nothing else.
+    assert!(sim.predicted_time_s >= kept.predicted_time_s);
+}
+
+#[test]
+fn values_that_cannot_be_spilled_are_left_alone() {
+    let g = skip_graph();
+    let devs = devices(1024 * MIB);
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let kept = simulate(&g, &devs, &nodes, &streamed, 1).unwrap();
+    // Node 2 is used by the next segment only, the input lives on the host,
+    // and the last node is a graph output.
+    let last = g.num_nodes() - 1;
+    for x in [0, 2, last] {
+        let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[x]), 1).unwrap();
+        assert_eq!(sim.peak_bytes, kept.peak_bytes, "node {x}");
+        assert_eq!(
+            sim.predicted_time_s.to_bits(),
+            kept.predicted_time_s.to_bits(),
+            "node {x}"
+        );
+    }
+    // A value also used on the host is not spilled either.
+    let mut mixed = nodes.clone();
+    mixed[last] = 0;
+    let plain = simulate(&g, &devs, &mixed, &streamed, 1).unwrap();
+    let sim = simulate_spilled(&g, &devs, &mixed, &streamed, &spilled(&g, &[SKIP]), 1).unwrap();
+    assert_eq!(sim.peak_bytes, plain.peak_bytes);
+}
+
+#[test]
+fn the_planner_spills_when_that_is_what_fits() {
+    let g = skip_graph();
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let big = devices(1024 * MIB);
+    let kept = simulate(&g, &big, &nodes, &streamed, 1).unwrap().peak_bytes[1];
+    let with = simulate_spilled(&g, &big, &nodes, &streamed, &spilled(&g, &[SKIP]), 1)
+        .unwrap()
+        .peak_bytes[1];
+    let budget = u64::midpoint(kept, with);
+    let devs = devices(budget);
+    let p = Planner::new(Objective::Latency)
+        .with_host_compute(false)
+        .run(&g, &devs)
+        .expect("spilling the skip fits");
+    assert!(p.chosen.ends_with("/spill"), "{}", p.chosen);
+    assert!(p.value_spilled[SKIP]);
+    assert_eq!(p.value_spilled.iter().filter(|&&s| s).count(), 1);
+    let made = i64::from(p.node_segment[SKIP]);
+    let used = i64::from(p.node_segment[g.num_nodes() - 1]);
+    let reload = p.value_reload_segment[SKIP];
+    assert!(
+        made < reload && reload <= used,
+        "{made} < {reload} <= {used}"
+    );
+    assert!(p.peak_bytes[1] <= budget);
+    // Replayed from its decisions, the plan comes back the same.
+    let again = Planner::new(Objective::Latency)
+        .with_host_compute(false)
+        .replay(
+            &g,
+            &devs,
+            &p.chosen,
+            &p.node_device,
+            &p.param_streamed,
+            &p.value_spilled,
+        )
+        .unwrap();
+    assert_eq!(again.plan_hash, p.plan_hash);
+    assert_eq!(again.value_reload_segment, p.value_reload_segment);
+    // With room to hold it, nothing is spilled.
+    let roomy = plan(&g, &devices(kept), Objective::Latency, false).unwrap();
+    assert!(roomy.value_spilled.iter().all(|&s| !s), "{}", roomy.chosen);
+}
