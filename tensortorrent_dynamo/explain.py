@@ -105,6 +105,33 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     return lines
 
 
+def _explain_spills(graph: CompiledGraph) -> list[str]:
+    """The activations sent to host memory between uses, and when each comes back."""
+    plan = graph.plan
+    spilled = plan.spilled_nodes()
+    if not spilled:
+        return []
+    nodes, native = plan.cost.nodes, plan.native
+    total = sum(nodes[i].out_bytes for i in spilled)
+    trips = [
+        f"{nodes[i].name} ({format_bytes(nodes[i].out_bytes)}, made in submod_"
+        f"{native.node_segment[i]}, back when submod_{native.value_reload_segment[i]} starts)"
+        for i in spilled
+    ]
+    shown = ", ".join(trips[:6]) + (", ..." if len(trips) > 6 else "")
+    lines = [
+        f"  spilled activations ({len(spilled)}, {format_bytes(total)}; to host memory once "
+        f"made, so the device need not hold them meanwhile): {shown}"
+    ]
+    copies = [e for e in graph.runtime.recorder.events if e.kind in ("spill", "reload")]
+    if copies:
+        busy = sum(e.end_s - e.start_s for e in copies)
+        lines.append(
+            f"    measured (last call): {len(copies)} copies, {format_seconds(busy)} of copying"
+        )
+    return lines
+
+
 def explain_graph(graph: CompiledGraph) -> str:
     """The plan of one graph as text."""
     plan = graph.plan
@@ -191,6 +218,7 @@ def explain_graph(graph: CompiledGraph) -> str:
         )
     else:
         lines.append("  streamed parameters: none")
+    lines += _explain_spills(graph)
     lines += _explain_disk(graph)
     fallbacks = cost.fallbacks
     if fallbacks:

@@ -72,6 +72,11 @@ class GraphPlan:
     def is_streamed(self, param_id: int) -> bool:
         return self.native.param_streamed[param_id]
 
+    def spilled_nodes(self) -> list[int]:
+        """The nodes whose values go to host memory between their producing segment and
+        their next use (copied back when ``native.value_reload_segment`` starts)."""
+        return [i for i, spilled in enumerate(self.native.value_spilled) if spilled]
+
     def on_disk(self, param_id: int) -> bool:
         """Whether the parameter's home is disk (read from there, kept in RAM only
         when the plan keeps it resident)."""
@@ -217,6 +222,7 @@ def _plan_with_homes(
                     cached["chosen"],
                     cached["node_device"],
                     cached["param_streamed"],
+                    value_spilled=cached.get("value_spilled", []),
                 )
             except (InvalidPlacement, PlanInfeasible) as exc:
                 log.warning("plan cache entry %s does not replay (%s): searching", entry, exc)

@@ -96,6 +96,7 @@ def store(entry: str, plan: _planner.Plan) -> None:
         "chosen": plan.chosen,
         "node_device": list(plan.node_device),
         "param_streamed": list(plan.param_streamed),
+        "value_spilled": list(plan.value_spilled),
         "plan_hash": plan.plan_hash,
     }
     try:

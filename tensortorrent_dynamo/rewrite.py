@@ -3,12 +3,16 @@
 The parent graph calls each segment's submodule in order and, between them,
 ``transfer`` (activations changing device), ``resident`` (parameters kept on a
 device), ``prefetch``/``wait``/``evict`` (streamed parameters, double-buffered:
-each streamed parameter is prefetched when the segment the plan names starts).
+each streamed parameter is prefetched when the segment the plan names starts) and
+``spill``/``reload``/``wait`` (activations the plan sends to host memory between
+their producing segment and their next use).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +21,8 @@ from torch.fx.passes.split_module import split_module
 
 from . import run
 from .plan import GraphPlan
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +63,16 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     call_of_segment = {_segment_of(str(n.target)): n for n in calls}
 
     def issue_point(segment: int) -> torch.fx.Node:
-        """The call a prefetch is issued before: that of the segment the plan issues it at
-        (or the first call after it, when that segment holds only graph inputs)."""
+        """Where a copy issued when ``segment`` starts goes: before that segment's call (or
+        the first call after it, when that segment holds only graph inputs), and ahead of
+        the waits and copies for that call's own inputs, so that the copy engines never
+        idle between one copy and the next."""
         later = [s for s in call_of_segment if s >= segment]
-        return call_of_segment[min(later)] if later else calls[-1]
+        issue_at = call_of_segment[min(later)] if later else calls[-1]
+        before = (run.wait, run.resident, run.transfer)
+        while issue_at.prev.op == "call_function" and issue_at.prev.target in before:
+            issue_at = issue_at.prev
+        return issue_at
 
     for call in calls:
         device = segments[str(call.target)]
@@ -101,6 +113,8 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
             last = call_of_segment[plan.native.param_evict_segment[pid]]
             with graph.inserting_after(last):
                 graph.call_function(run.evict, (waited[param.placeholder].args[0],))
+
+    _spill(parent, plan, rt, calls, issue_point)
 
     output = next(n for n in graph.nodes if n.op == "output")
     home = _output_devices(gm)
@@ -143,16 +157,60 @@ def _param_on_device(
     if ref.placeholder not in waited:
         # -1 (the start of the run) also lands on the first call
         issue_at = issue_point(plan.native.param_issue_segment[pid])
-        # ahead of the waits (and copies) for that segment's own inputs, so the next read
-        # is queued while the current one finishes: the copy engines never idle between
-        before = (run.wait, run.resident, run.transfer)
-        while issue_at.prev.op == "call_function" and issue_at.prev.target in before:
-            issue_at = issue_at.prev
         with graph.inserting_before(issue_at):
             handle = graph.call_function(run.prefetch, (rt, arg, ref.fqn, device))
         with graph.inserting_before(call):
             waited[ref.placeholder] = graph.call_function(run.wait, (handle,))
     return waited[ref.placeholder]
+
+
+def _spill(
+    parent: torch.fx.GraphModule,
+    plan: GraphPlan,
+    rt: torch.fx.Node,
+    calls: list[torch.fx.Node],
+    issue_point: Callable[[int], torch.fx.Node],
+) -> None:
+    """Send each value the plan spills to host memory once its segment made it, and have
+    it copied back when its reload segment starts, for the later segments that use it."""
+    spilled = plan.spilled_nodes()
+    if not spilled:
+        return
+    graph = parent.graph
+    passed = _values_passed(parent, calls)
+    order = {node: k for k, node in enumerate(graph.nodes)}
+    for nid in spilled:
+        name = plan.cost.nodes[nid].name
+        value = passed.get(name)
+        if value is None:
+            log.warning("%s: no value in the split graph to spill; it stays on its device", name)
+            continue
+        users = sorted(value.users, key=order.__getitem__)
+        with graph.inserting_after(value):
+            handle = graph.call_function(run.spill, (rt, value, name))
+        with graph.inserting_before(issue_point(plan.native.value_reload_segment[nid])):
+            reloading = graph.call_function(run.reload, (rt, handle, name, plan.node_device(nid)))
+        with graph.inserting_before(users[0]):
+            back = graph.call_function(run.wait, (reloading,))
+        for user in users:
+            user.replace_input_with(value, back)
+
+
+def _values_passed(
+    parent: torch.fx.GraphModule, calls: list[torch.fx.Node]
+) -> dict[str, torch.fx.Node]:
+    """The parent graph's node for each value passed from one segment to another, by its
+    name in the traced graph (a segment's placeholders keep the names of the values they
+    receive; the nodes inside a segment may be renamed)."""
+    passed: dict[str, torch.fx.Node] = {}
+    for call in calls:
+        sub = parent.get_submodule(str(call.target))
+        assert isinstance(sub, torch.fx.GraphModule)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for placeholder, arg in zip(placeholders, call.args, strict=True):
+            if isinstance(arg, torch.fx.Node):
+                passed.setdefault(str(placeholder.target), arg)
+    return passed
 
 
 def _output_devices(gm: torch.fx.GraphModule) -> list[str]:

@@ -1,8 +1,9 @@
 """The runtime: devices, memory ledgers, and the ops the rewritten graph calls.
 
 The rewritten parent graph calls :func:`transfer`, :func:`resident`,
-:func:`prefetch`, :func:`wait` and :func:`evict` on a :class:`Runtime` it holds
-as ``self.tt_runtime``; ``print(gm.code)`` therefore reads as the schedule.
+:func:`prefetch`, :func:`wait`, :func:`evict`, :func:`spill` and :func:`reload` on a
+:class:`Runtime` it holds as ``self.tt_runtime``; ``print(gm.code)`` therefore reads
+as the schedule.
 
 A virtual accelerator (``virtual:N``) executes on the CPU, but every tensor it
 holds is a real copy registered in its own :class:`MemoryLedger`; the ledger
@@ -13,7 +14,10 @@ an out-of-memory error on a real device.
 Streamed parameters land in pooled buffers, handed back by ``evict`` and reused by
 the next call; those whose home is disk are read by the session's :class:`DiskTier`
 first (reader threads, page cache bypassed) and then copied on by the device's copy
-engine, or used in place by host segments.
+engine, or used in place by host segments. A spilled activation is copied to host
+memory by the device's device-to-host engine as soon as it is made (the device's copy
+is freed once nothing else holds it) and copied back by the host-to-device engine
+when the plan says, into a fresh buffer (a later segment may keep a view of it).
 """
 
 from __future__ import annotations
@@ -157,6 +161,9 @@ class VirtualDevice:
         self._copy_engine = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"tt-{name}-h2d"
         )
+        self._copy_out_engine = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"tt-{name}-d2h"
+        )
 
     def owns(self, tensor: torch.Tensor) -> bool:
         with self._lock:
@@ -259,6 +266,33 @@ class VirtualDevice:
         return PrefetchHandle(
             finish=lambda: (future.result(), buffer)[1], release=lambda: self.give(buffer)
         )
+
+    def copy_out_async(self, tensor: torch.Tensor, what: str, recorder: Recorder) -> PrefetchHandle:
+        """Copy ``tensor`` to host memory on this device's device-to-host engine; once
+        copied, the engine holds no reference to it."""
+
+        def copy() -> torch.Tensor:
+            start = recorder.now()
+            host = tensor.clone()  # on the engine's thread: not accounted on this device
+            recorder.add(f"d2h {self.name}", "spill", what, start)
+            return host
+
+        return PrefetchHandle(finish=self._copy_out_engine.submit(copy).result)
+
+    def copy_in_later(
+        self, source: Callable[[], torch.Tensor], what: str, recorder: Recorder
+    ) -> PrefetchHandle:
+        """Copy ``source()`` into a new buffer of this device on its copy engine, in
+        issue order (not pooled: whoever reads it may keep views of it)."""
+
+        def copy() -> torch.Tensor:
+            data = source()
+            start = recorder.now()
+            buffer = self.copy_in(data, what)
+            recorder.add(f"h2d {self.name}", "reload", what, start)
+            return buffer
+
+        return PrefetchHandle(finish=self._copy_engine.submit(copy).result)
 
     @contextmanager
     def executing(self) -> Iterator[None]:
@@ -375,6 +409,7 @@ class Runtime(torch.nn.Module):
         self.resident = resident if resident is not None else ResidentCopies()
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
         self._cuda_copy_engines: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self._cuda_copy_out_streams: dict[str, torch.cuda.Stream] = {}
         self.recorder = Recorder()
 
     def owner(self, tensor: torch.Tensor) -> str:
@@ -503,6 +538,50 @@ class Runtime(torch.nn.Module):
 
         return PrefetchHandle(finish=finish)
 
+    def spill(self, value: torch.Tensor, what: str) -> PrefetchHandle:
+        """Start copying an activation to host memory; returns at once. The handle's
+        result is the host copy."""
+        device = self.owner(value)
+        if device in self.virtual:
+            return self.virtual[device].copy_out_async(value, what, self.recorder)
+        if value.device.type == "cuda":
+            return self._spill_cuda(value, what)
+        return PrefetchHandle(finish=lambda: value)  # already in host memory
+
+    def _spill_cuda(self, value: torch.Tensor, what: str) -> PrefetchHandle:
+        """A non-blocking copy into pinned host memory on the device's device-to-host
+        stream, after the work that made ``value``."""
+        device = str(value.device)
+        stream = self._cuda_copy_out_streams.get(device)
+        if stream is None:
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            self._cuda_copy_out_streams[device] = stream
+        start = self.recorder.now()
+        stream.wait_stream(torch.cuda.current_stream(value.device))
+        with torch.cuda.stream(stream):
+            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        # the caching allocator may reuse the memory only once the copy has read it
+        value.record_stream(stream)
+
+        def finish() -> torch.Tensor:
+            event.synchronize()
+            self.recorder.add(f"d2h {device}", "spill", what, start)
+            return host
+
+        return PrefetchHandle(finish=finish)
+
+    def reload(self, spilled: PrefetchHandle, device: str, what: str) -> PrefetchHandle:
+        """Start copying a spilled activation back to ``device`` once its spill landed;
+        returns at once."""
+        if device in self.virtual:
+            return self.virtual[device].copy_in_later(spilled.result, what, self.recorder)
+        if device.startswith("cuda"):
+            return self._prefetch_cuda(spilled.result, device, what)
+        return spilled
+
 
 def transfer(rt: Runtime, value: Any, device: str) -> Any:
     """Copy every tensor in ``value`` to ``device`` (a no-op for tensors already there)."""
@@ -533,6 +612,16 @@ def wait(handle: PrefetchHandle) -> torch.Tensor:
 def evict(handle: PrefetchHandle) -> None:
     """Hand a streamed parameter's buffer back for reuse after its last use."""
     handle.release()
+
+
+def spill(rt: Runtime, value: torch.Tensor, what: str) -> PrefetchHandle:
+    """Start copying an activation to host memory, so its device can drop it."""
+    return rt.spill(value, what)
+
+
+def reload(rt: Runtime, spilled: PrefetchHandle, what: str, device: str) -> PrefetchHandle:
+    """Start copying a spilled activation back to ``device`` for its next use."""
+    return rt.reload(spilled, device, what)
 
 
 for _op in (prefetch, evict):

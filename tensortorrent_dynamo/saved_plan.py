@@ -73,6 +73,13 @@ def graph_record(graph: CompiledGraph) -> dict[str, Any]:
             for i, p in enumerate(cost.params)
         },
         "segments": [plan.segment_device(s) for s in range(len(native.segment_device))],
+        "spilled": {
+            cost.nodes[i].name: {
+                "made_in_segment": native.node_segment[i],
+                "reload_segment": native.value_reload_segment[i],
+            }
+            for i in plan.spilled_nodes()
+        },
         "predicted_peak_bytes": {d.name: plan.predicted_peak(d.name) for d in plan.devices},
     }
 

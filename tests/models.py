@@ -57,3 +57,23 @@ class TwoBreaks(nn.Module):
 
 def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class LongSkip(nn.Module):
+    """A skip connection around a stack of layers: the input, doubled, is added back after
+    the last layer. The middle layer is four times as wide, so that the accelerator's
+    peak is there, while the skip waits."""
+
+    def __init__(self, width: int = 256, depth: int = 5, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        widths = [width] * (depth + 1)
+        widths[depth // 2] = 4 * width
+        self.layers = nn.ModuleList(nn.Linear(widths[k], widths[k + 1]) for k in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x * 2
+        h = skip
+        for layer in self.layers:
+            h = torch.relu(layer(h))
+        return h + skip

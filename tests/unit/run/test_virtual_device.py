@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import VirtualDeviceOutOfMemory
-from tensortorrent_dynamo.run import Recorder, VirtualDevice
+from tensortorrent_dynamo.run import Recorder, Runtime, VirtualDevice, reload, spill, wait
 
 
 def test_ledger_follows_tensor_lifetimes() -> None:
@@ -87,3 +87,21 @@ def test_idle_buffers_are_dropped_before_running_out_of_memory() -> None:
     assert dev.ledger.live == 800
     other = dev.copy_in(torch.ones(100), "x")  # needs 400: the idle 800 go first
     assert dev.ledger.live == 400 and other.numel() == 100
+
+
+def test_a_spilled_value_leaves_the_device_and_comes_back() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    rt = Runtime({"virtual:0": dev})
+    value = dev.copy_in(torch.arange(100.0), "value")  # 400 bytes
+    handle = spill(rt, value, "value")
+    host = handle.result()
+    assert not dev.owns(host)
+    torch.testing.assert_close(host, torch.arange(100.0))
+    del value
+    gc.collect()
+    assert dev.ledger.live == 0, "once copied out, nothing holds the device's copy"
+    back = wait(reload(rt, handle, "value", "virtual:0"))
+    assert dev.owns(back) and dev.ledger.live == 400
+    torch.testing.assert_close(back, torch.arange(100.0))
+    kinds = [(e.resource, e.kind) for e in rt.recorder.events]
+    assert kinds == [("d2h virtual:0", "spill"), ("h2d virtual:0", "reload")]

@@ -1,0 +1,57 @@
+"""Activation spill: a value the accelerator would hold while later segments run goes to
+host memory and comes back for its next use, when that is what fits the budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import tensortorrent as tt
+from tests.models import LongSkip
+
+MIB = 1 << 20
+
+
+def _options(budget: int) -> dict[str, Any]:
+    return {
+        "budgets": {"virtual:0": budget, "cpu": "16GiB"},
+        "devices": ["virtual:0"],
+        "virtual_devices": {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
+        "compiler": "eager",
+    }
+
+
+def test_a_long_skip_is_spilled_when_holding_it_does_not_fit() -> None:
+    model, x = LongSkip(), torch.randn(512, 256)
+    # the skip is 512 KiB: with every weight streamed the device needs just over 7 MiB holding it
+    # and 6.5 MiB without
+    budget = 6 * MIB + 3 * MIB // 4
+    compiled = tt.compile(model, example_inputs=(x,), **_options(budget))
+    (graph,) = compiled.graphs
+    plan = graph.plan
+    assert plan.native.chosen.endswith("/spill"), plan.native.chosen
+    assert [plan.cost.nodes[i].name for i in plan.spilled_nodes()] == ["skip"]
+    held = next(c for c in plan.native.candidates if c.name == "all-on-virtual:0/streamed")
+    assert not held.feasible, "without the spill the same placement does not fit"
+
+    with torch.no_grad():
+        for inputs in (x, torch.randn(512, 256)):
+            torch.testing.assert_close(compiled(inputs), model(inputs))
+    assert compiled.measured_peaks()["virtual:0"] <= budget
+    code = graph.module.code
+    assert code.index("run_spill") < code.index("run_reload") < code.index("submod_5(")
+    text = compiled.explain()
+    assert "spilled activations (1, 512.00 KiB" in text
+    assert "skip (512.00 KiB, made in submod_1, back when submod_4 starts)" in text
+    assert "measured (last call): 2 copies" in text
+
+
+def test_nothing_is_spilled_with_room_to_hold_it() -> None:
+    model, x = LongSkip(), torch.randn(512, 256)
+    compiled = tt.compile(model, example_inputs=(x,), **_options(7 * MIB + MIB // 4))
+    (graph,) = compiled.graphs
+    assert graph.plan.spilled_nodes() == []
+    assert "run_spill" not in graph.module.code
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
