@@ -174,6 +174,10 @@ class Plan:
         """How many segments ahead streamed parameters are prefetched; 0 when each
         segment reads its own when it starts (a "-sync" candidate)."""
     @property
+    def prefetch_window_bytes(self) -> int:
+        """Bytes of buffers prefetches may fill ahead of use, each issued as early as
+        they allow (a "/window-<N>KiB" candidate); 0 when the depth alone says when."""
+    @property
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
     @property

@@ -207,11 +207,13 @@ def explain_graph(graph: CompiledGraph) -> str:
     streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
     if streamed_names:
         shown = ", ".join(streamed_names[:8]) + (", ..." if len(streamed_names) > 8 else "")
-        when = (
-            "prefetched one segment ahead"
-            if native.prefetch_depth
-            else "each read when its segment starts, one buffer"
-        )
+        if native.prefetch_window_bytes:
+            window = format_bytes(native.prefetch_window_bytes)
+            when = f"each prefetched as early as a {window} window of buffers allows"
+        elif native.prefetch_depth:
+            when = "prefetched one segment ahead"
+        else:
+            when = "each read when its segment starts, one buffer"
         lines.append(
             f"  streamed parameters ({len(streamed_names)}, {when}, evicted after last use): "
             f"{shown}"

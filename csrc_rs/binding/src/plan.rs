@@ -142,6 +142,14 @@ impl PyPlan {
         self.inner.prefetch_depth
     }
 
+    /// Bytes of buffers prefetches may fill ahead of use, each issued as
+    /// early as they allow (a "/window-<N>KiB" candidate); 0 when the depth
+    /// alone says when.
+    #[getter]
+    fn prefetch_window_bytes(&self) -> u64 {
+        self.inner.prefetch_window_bytes
+    }
+
     /// Simulated time until the last output is on the host, in seconds.
     #[getter]
     fn predicted_time_s(&self) -> f64 {

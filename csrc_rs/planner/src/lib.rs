@@ -53,7 +53,10 @@ pub use crate::{
     error::PlanError,
     exhaustive::{exhaustive, Optimum},
     graph::{CostGraph, Tier},
-    plan::{plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason, SYNC_SUFFIX},
+    plan::{
+        plan, Candidate, Family, Objective, Plan, Planner, Report, StopReason, SYNC_SUFFIX,
+        WINDOW_PREFIX,
+    },
     simulate::{simulate, simulate_spilled, Activity, Record, Resource, Simulation},
 };
 

@@ -213,7 +213,7 @@ fn every_candidate_names_its_family() {
             Family::Segments
         } else if c.name.starts_with("host-stretches/") {
             Family::HostStretches
-        } else if c.name.ends_with("/knapsack") {
+        } else if c.name.contains("/knapsack") {
             Family::Knapsack
         } else {
             Family::SingleDevice

@@ -169,9 +169,10 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
             return None;
         }
         let node_device = streamed.placement.node_device.clone();
-        let trial = s.simulate_at(
+        let trial = s.simulate_windowed(
             Placement::new(g, node_device, param_streamed),
             streamed.depth,
+            streamed.window,
         );
         let mut fits = true;
         for (d, dev) in s.devices.iter().enumerate() {

@@ -9,7 +9,11 @@
 //! * `knapsack`: `all-on-<a>/knapsack`, the resident set chosen by a
 //!   knapsack on the transfer time each parameter's residency saves; with
 //!   host compute and parameters on disk, `all-on-<host>/knapsack` too (the
-//!   parameters the host keeps in memory, the others read each run).
+//!   parameters the host keeps in memory, the others read each run). Each
+//!   also, at the default prefetch depth, with prefetch windows
+//!   (`.../knapsack/window-<N>KiB`): prefetches issued as early as that
+//!   many bytes of buffers allow, the rest of the budget left to the
+//!   knapsack (or, when it keeps nothing, `.../streamed/window-<N>KiB`).
 //! * `segments`: contiguous segments over the topological order by dynamic
 //!   programming over every usable device, each accelerator taking the
 //!   parameters that fit what its budget leaves (see `dp`); residency then
@@ -45,7 +49,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use report::{Report, StopReason};
-pub(crate) use segments::{segment, streamable, Placement, Segmentation, HOST};
+pub(crate) use segments::{buffer_peak, segment, streamable, Placement, Segmentation, HOST};
 
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
@@ -198,6 +202,10 @@ pub struct Plan {
     /// How many segments ahead streamed parameters are prefetched; 0 when
     /// each segment reads its own (a [`SYNC_SUFFIX`] candidate).
     pub prefetch_depth: u32,
+    /// Bytes of buffers prefetches may fill ahead of use, each issued as
+    /// early as they allow (a [`WINDOW_PREFIX`] candidate); 0 when the
+    /// depth alone says when.
+    pub prefetch_window_bytes: u64,
     /// Simulated time until the last output is on the host, in seconds.
     pub predicted_time_s: f64,
     /// Simulated peak memory per device, in bytes.
@@ -401,7 +409,7 @@ impl Planner {
         } else {
             self.prefetch_depth
         };
-        let trial = s.simulate_at(placement, depth);
+        let trial = s.simulate_windowed(placement, depth, window_of(name));
         let index = s.add(name.to_string(), Family::Replayed, trial, false);
         if !s.candidates[index].feasible() {
             return Err(infeasible(&s.candidates, devices, self.host_compute));
@@ -508,6 +516,7 @@ impl Planner {
             value_spilled,
             value_reload_segment,
             prefetch_depth: c.trial.depth,
+            prefetch_window_bytes: c.trial.window,
             predicted_time_s: sim.predicted_time_s,
             peak_bytes: sim.peak_bytes.clone(),
             lower_bound_s: sim.lower_bound_s,
@@ -592,6 +601,10 @@ impl Planner {
         if chosen.trial.depth != self.prefetch_depth {
             h.str("depth");
             h.u64(u64::from(chosen.trial.depth));
+        }
+        if chosen.trial.window > 0 {
+            h.str("window");
+            h.u64(chosen.trial.window);
         }
         h.str(&chosen.name);
         h.u32s(&chosen.trial.placement.node_device);
@@ -697,12 +710,68 @@ fn knapsack_family(s: &mut Search) {
             return;
         }
         let streamed = streamed_trial(s, all_on(s.g, a), depth);
+        let name = format!("all-on-{}/knapsack", s.devices[a as usize].name);
         if let Some(trial) = knapsack::fit(s, &streamed) {
             let sync = if depth == 0 { SYNC_SUFFIX } else { "" };
-            let name = format!("all-on-{}/knapsack{sync}", s.devices[a as usize].name);
-            s.add(name, Family::Knapsack, trial, false);
+            s.add(format!("{name}{sync}"), Family::Knapsack, trial, false);
+        }
+        // Windows replace the default double buffer, not a depth asked for.
+        if depth != 1 {
+            continue;
+        }
+        for window in windows(s, a, &streamed) {
+            if s.out_of_time() {
+                return;
+            }
+            let pl = streamed.placement.clone();
+            let wide = s.simulate_windowed(pl, depth, window);
+            let suffix = format!("{WINDOW_PREFIX}{}KiB", window / 1024);
+            match knapsack::fit(s, &wide) {
+                // With nothing left streaming the window means nothing.
+                Some(trial) if trial.seg.spans.iter().any(|sp| sp.device == a) => {
+                    s.add(format!("{name}{suffix}"), Family::Knapsack, trial, false);
+                }
+                Some(_) => {}
+                None => {
+                    let name = format!("all-on-{}/streamed{suffix}", s.devices[a as usize].name);
+                    s.add(name, Family::SingleDevice, wide, true);
+                }
+            }
         }
     }
+}
+
+/// Marks a candidate whose prefetches fill a window of buffers:
+/// `<name>/window-<N>KiB`, the window being N KiB. [`Planner::replay`]
+/// replays such a name with its window.
+pub const WINDOW_PREFIX: &str = "/window-";
+
+/// The prefetch window a candidate's name gives (0 for none).
+fn window_of(name: &str) -> u64 {
+    name.rsplit_once(WINDOW_PREFIX)
+        .and_then(|(_, w)| w.strip_suffix("KiB"))
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Prefetch windows worth trying on device `a` for the all-streamed trial
+/// `streamed` (at depth 1): its double buffer's peak `p` widened by an
+/// eighth, a quarter, a half and the whole of its largest buffer; only those
+/// narrower than the budget, in whole KiB, ascending.
+fn windows(s: &Search, a: u32, streamed: &Trial) -> Vec<u64> {
+    let bytes = s.g.param_bytes();
+    let on_a = streamed.seg.spans.iter().filter(|sp| sp.device == a);
+    let largest = on_a.map(|sp| bytes[sp.param as usize]).max().unwrap_or(0);
+    let peak = buffer_peak(s.g, &streamed.seg, a);
+    let budget = s.devices[a as usize].budget_bytes;
+    let mut out: Vec<u64> = [8, 4, 2, 1]
+        .into_iter()
+        .map(|k| (peak + largest / k) / 1024 * 1024)
+        .filter(|&w| largest > 0 && w > peak && w < budget)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Suffix of a candidate whose segments read their own streamed parameters

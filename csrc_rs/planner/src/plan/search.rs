@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::device::Device;
 use crate::graph::CostGraph;
 use crate::plan::report::StopReason;
-use crate::plan::segments::{segment, Placement, Segmentation, HOST};
+use crate::plan::segments::{segment_windowed, Placement, Segmentation, HOST};
 use crate::plan::Family;
 use crate::simulate::{Simulation, Workspace};
 
@@ -28,11 +28,13 @@ impl Evaluated {
 }
 
 /// A simulated placement, at a prefetch depth (0: each segment reads its own
-/// streamed parameters when it starts).
+/// streamed parameters when it starts) or with a prefetch window (bytes of
+/// buffers prefetches may fill ahead of use; 0 for none).
 #[derive(Clone)]
 pub(crate) struct Trial {
     pub(crate) placement: Placement,
     pub(crate) depth: u32,
+    pub(crate) window: u64,
     pub(crate) seg: Segmentation,
     pub(crate) sim: Simulation,
 }
@@ -122,7 +124,17 @@ impl<'a> Search<'a> {
 
     /// [`Search::simulate`] at another prefetch depth.
     pub(crate) fn simulate_at(&mut self, placement: Placement, depth: u32) -> Trial {
-        let seg = segment(self.g, &placement, depth);
+        self.simulate_windowed(placement, depth, 0)
+    }
+
+    /// [`Search::simulate_at`] with a prefetch window (0 for none).
+    pub(crate) fn simulate_windowed(
+        &mut self,
+        placement: Placement,
+        depth: u32,
+        window: u64,
+    ) -> Trial {
+        let seg = segment_windowed(self.g, &placement, depth, window);
         let sim = self
             .workspace
             .run(self.g, self.devices, &placement, &seg, false);
@@ -131,16 +143,22 @@ impl<'a> Search<'a> {
         Trial {
             placement,
             depth,
+            window,
             seg,
             sim,
         }
     }
 
-    /// The listed candidate with this placement and prefetch depth, if any.
+    /// The listed candidate with this placement and prefetch depth (and no
+    /// window), if any.
     pub(crate) fn find(&self, placement: &Placement, depth: u32) -> Option<usize> {
-        self.candidates
-            .iter()
-            .position(|c| c.trial.placement == *placement && c.trial.depth == depth)
+        self.find_windowed(placement, depth, 0)
+    }
+
+    fn find_windowed(&self, placement: &Placement, depth: u32, window: u64) -> Option<usize> {
+        self.candidates.iter().position(|c| {
+            c.trial.placement == *placement && c.trial.depth == depth && c.trial.window == window
+        })
     }
 
     /// Lists a simulated placement under `name`, unless the same placement
@@ -152,7 +170,7 @@ impl<'a> Search<'a> {
         trial: Trial,
         budget_free: bool,
     ) -> usize {
-        if let Some(i) = self.find(&trial.placement, trial.depth) {
+        if let Some(i) = self.find_windowed(&trial.placement, trial.depth, trial.window) {
             self.candidates[i].budget_free |= budget_free;
             return i;
         }

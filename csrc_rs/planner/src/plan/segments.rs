@@ -132,6 +132,18 @@ pub(crate) fn uses_streamed(g: &CostGraph, streamed: &[bool], node: usize, devic
 /// depth 0 issues it when that segment itself starts, which then waits for it:
 /// one buffer, no overlap).
 pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation {
+    segment_windowed(g, pl, depth, 0)
+}
+
+/// [`segment`], with the prefetches of each device issued as early as a
+/// window of `window` bytes of buffers allows when `window` is not 0 (see
+/// [`windowed_issue`]).
+pub(crate) fn segment_windowed(
+    g: &CostGraph,
+    pl: &Placement,
+    depth: u32,
+    window: u64,
+) -> Segmentation {
     let n = g.num_nodes();
     let mut node_segment = Vec::with_capacity(n);
     let mut segment_device: Vec<u32> = Vec::new();
@@ -208,6 +220,9 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation
         }
     }
     spans.sort_unstable_by_key(|s| (s.first_segment, s.param));
+    if window > 0 {
+        windowed_issue(g, &mut spans, &on_device, window);
+    }
 
     let spills = (0..n)
         .filter(|&x| pl.value_spilled[x])
@@ -222,6 +237,87 @@ pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation
         spans,
         spills,
     }
+}
+
+/// Issues each device's prefetches as early as a window of `window` bytes
+/// of buffers allows: in order of first use, each span is issued at the
+/// earliest segment on its device, no earlier than the previous span's
+/// (reads stay first-in first-out), from which its buffer fits in the
+/// window for every segment until its eviction. A span that fits nowhere
+/// keeps its issue one segment ahead (a window never issues later than a
+/// double buffer). Spans used by their device's first segment go at the
+/// start of the run, as they do at any depth.
+fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>], window: u64) {
+    let bytes = g.param_bytes();
+    let mut position = vec![0usize; on_device.iter().map(Vec::len).sum()];
+    for list in on_device {
+        for (k, &s) in list.iter().enumerate() {
+            position[s as usize] = k;
+        }
+    }
+    // Per device: the buffer bytes held at each of its segments, and the
+    // position the last span was issued at.
+    let mut held: Vec<Vec<u64>> = on_device.iter().map(|l| vec![0; l.len()]).collect();
+    let mut floor = vec![0usize; on_device.len()];
+    for span in spans.iter_mut() {
+        let d = span.device as usize;
+        let (first, last) = (
+            position[span.first_segment as usize],
+            position[span.last_segment as usize],
+        );
+        let b = bytes[span.param as usize];
+        let held = &mut held[d];
+        if first == 0 {
+            span.issue_segment = None;
+            for h in &mut held[..=last] {
+                *h += b;
+            }
+            continue;
+        }
+        let latest = first - 1;
+        let start = floor[d].min(latest);
+        // The earliest issue position whose buffer fits from there on.
+        let mut from = latest;
+        let mut k = latest + 1;
+        while k > start {
+            k -= 1;
+            if held[k] + b > window {
+                break;
+            }
+            from = k;
+        }
+        let fits_after = held[from..=last].iter().all(|&h| h + b <= window);
+        let at = if fits_after { from } else { latest };
+        for h in &mut held[at..=last] {
+            *h += b;
+        }
+        floor[d] = at;
+        span.issue_segment = Some(on_device[d][at]);
+    }
+}
+
+/// The most bytes of prefetch buffers `device` holds at once under `seg`
+/// (a buffer is held from its issuing segment to its last using one).
+pub(crate) fn buffer_peak(g: &CostGraph, seg: &Segmentation, device: u32) -> u64 {
+    let bytes = g.param_bytes();
+    let mut held = vec![0u64; seg.segment_device.len()];
+    let first_on_device = seg.segment_device.iter().position(|&d| d == device);
+    for span in seg.spans.iter().filter(|sp| sp.device == device) {
+        let from = span
+            .issue_segment
+            .map_or(first_on_device.unwrap_or(0), |s| s as usize);
+        for (s, h) in held
+            .iter_mut()
+            .enumerate()
+            .take(span.last_segment as usize + 1)
+            .skip(from)
+        {
+            if seg.segment_device[s] == device {
+                *h += bytes[span.param as usize];
+            }
+        }
+    }
+    held.into_iter().max().unwrap_or(0)
 }
 
 /// The spill of `x`'s value, when it is spillable: made on an accelerator,

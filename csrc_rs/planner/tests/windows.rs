@@ -1,0 +1,108 @@
+//! Prefetch windows: a large weight read as early as the memory it needs is
+//! free, rather than one segment ahead.
+
+mod common;
+
+use common::{host, Builder, MIB};
+use tensortorrent_planner::{CostGraph, Device, Objective, Planner, Tier, WINDOW_PREFIX};
+
+/// Four blocks, each a 32 MiB weight (10 ms of compute) then three layers
+/// of 1 MiB weights (20 ms each); every weight on disk.
+fn blocks() -> CostGraph {
+    let mut b = Builder::default();
+    let mut prev = b.input(64 * 1024);
+    for _ in 0..4 {
+        prev = b.node(1e9, 64 * 1024, false, &[prev]);
+        b.param(32 * MIB, &[prev]);
+        for _ in 0..3 {
+            prev = b.node(2e9, 64 * 1024, false, &[prev]);
+            b.param(MIB, &[prev]);
+        }
+    }
+    b.output(prev);
+    let g = b.build();
+    let homes = vec![Tier::Disk; g.num_params()];
+    g.with_param_home(homes).unwrap()
+}
+
+/// A host of 100 GFLOP/s reading 1 GB/s from disk, with room for one
+/// large weight and a few small ones, not two large ones.
+fn cpu() -> Device {
+    let mut cpu = host(48 * MIB);
+    cpu.flops_per_s = 1e11;
+    cpu.disk_bytes_per_s = 1e9;
+    cpu
+}
+
+#[test]
+fn a_window_hides_large_reads_behind_the_layers_before_them() {
+    let g = blocks();
+    let p = Planner::new(Objective::Latency).run(&g, &[cpu()]).unwrap();
+    assert!(p.chosen.contains(WINDOW_PREFIX), "{:?}", p.candidates);
+    let window = p.prefetch_window_bytes;
+    assert!(window > 0);
+    assert!(p.peak_bytes[0] <= 48 * MIB);
+    let double = p
+        .candidates
+        .iter()
+        .filter(|c| c.feasible && !c.name.contains(WINDOW_PREFIX))
+        .map(|c| c.predicted_time_s)
+        .fold(f64::INFINITY, f64::min);
+    // Each of the last three large reads (33.5 ms) hides behind the three
+    // small layers before it (60 ms) instead of one (20 ms).
+    assert!(
+        p.predicted_time_s < double - 0.03,
+        "{} vs {double}",
+        p.predicted_time_s
+    );
+
+    // The large weights are read right after the previous one is evicted.
+    for big in [4, 8, 12] {
+        assert!(p.param_streamed[big]);
+        let issue = p.param_issue_segment[big];
+        assert!(issue <= p.param_evict_segment[big - 4] + 1, "weight {big}");
+        assert!(issue < p.param_prefetch_segment[big] - 1, "weight {big}");
+    }
+    // Buffers held at once never exceed the window.
+    let bytes = g.param_bytes();
+    let segments = i64::try_from(p.segment_device.len()).unwrap();
+    for s in 0..segments {
+        let held: u64 = (0..g.num_params())
+            .filter(|&q| p.param_streamed[q])
+            .filter(|&q| {
+                let from = p.param_issue_segment[q].max(0);
+                from <= s && s <= p.param_evict_segment[q]
+            })
+            .map(|q| bytes[q])
+            .sum();
+        assert!(held <= window, "segment {s}: {held} > {window}");
+    }
+
+    // Replayed from its decisions (the name carries the window), the plan
+    // comes back the same.
+    let again = Planner::new(Objective::Latency)
+        .replay(
+            &g,
+            &[cpu()],
+            &p.chosen,
+            &p.node_device,
+            &p.param_streamed,
+            &p.value_spilled,
+        )
+        .unwrap();
+    assert_eq!(again.plan_hash, p.plan_hash);
+    assert_eq!(again.prefetch_window_bytes, window);
+    assert_eq!(again.param_issue_segment, p.param_issue_segment);
+}
+
+#[test]
+fn an_explicit_depth_gets_no_windows() {
+    let g = blocks();
+    let p = Planner::new(Objective::Latency)
+        .with_prefetch_depth(2)
+        .run(&g, &[cpu()]);
+    if let Ok(p) = p {
+        assert!(p.candidates.iter().all(|c| !c.name.contains(WINDOW_PREFIX)));
+        assert_eq!(p.prefetch_window_bytes, 0);
+    }
+}
