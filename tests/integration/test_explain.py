@@ -46,9 +46,9 @@ Devices
   host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
 Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 2fb6368321de4a9f
-  candidates (searched all families: 2633 candidates simulated (18431 nodes)):
+  candidates (searched all families: 2666 candidates simulated (18662 nodes)):
     single-device: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
-    knapsack: all-on-virtual:0/knapsack 11.1 us
+    knapsack: all-on-virtual:0/knapsack 11.1 us | all-on-virtual:0/knapsack/window-9KiB 11.1 us
   lower bound 6.0 us (busiest resource's work); predicted / bound 1.84x; busy: virtual:0 54%, cpu 45%, cpu->virtual:0 5%
   segment   device     compiler  nodes  FLOPs       params resident  streamed  copied in  measured
   submod_1  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>
