@@ -170,9 +170,12 @@ class WeightChunker:
         return next((g for g in self._graphs if g.cost is cost), None)
 
     def _splits(self, param: ParamRef, node: torch.fx.Node) -> bool:
-        """Whether ``param`` is split: a 2-D tensor of several rows larger than a chunk,
-        used only as the weight of linear layers."""
+        """Whether ``param`` is split: a contiguous 2-D tensor of several rows larger than a
+        chunk (its rows are then contiguous, in RAM as on disk), used only as the weight of
+        linear layers."""
         if param.nbytes <= self.chunk_bytes or len(param.shape) != 2 or param.shape[0] < 2:
+            return False
+        if not node.meta["example_value"].is_contiguous():
             return False
         return bool(node.users) and all(_weight_of_linear(user, node) for user in node.users)
 

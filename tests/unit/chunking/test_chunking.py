@@ -92,6 +92,15 @@ def test_a_weight_used_other_than_by_linear_layers_stays_whole() -> None:
     assert chunked_cost is cost
 
 
+def test_a_transposed_weight_stays_whole() -> None:
+    model = nn.Linear(64, 64)
+    model.weight.data = model.weight.data.t().contiguous().t()  # the same values, column-major
+    gm, inputs = _captured(model, torch.randn(2, 64))
+    cost = build_cost_graph(gm, inputs)
+    chunked_cost, _ = WeightChunker(gm, inputs, cost, 4096)(["disk"] * len(cost.params))
+    assert chunked_cost is cost
+
+
 def test_only_the_weights_whose_home_is_disk_are_split() -> None:
     model = mlp(64, 2)
     gm, inputs = _captured(model, torch.randn(2, 64))
