@@ -21,10 +21,11 @@ import torch.fx
 
 from . import saved_plan
 from ._logs import PLAN_ARTIFACT, register
+from .chunking import ChunkedGraph, WeightChunker
 from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
-from .homes import pin_streamed_weights, place_on_disk, released_location
+from .homes import pin_streamed_weights, place_on_disk, released_location, whole_weights
 from .offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
 from .plan import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
@@ -54,6 +55,8 @@ class CompiledGraph:
     # peak RSS of the process during the last call, when the host's memory is planned
     # (a host budget or a disk tier); ``None`` otherwise
     last_rss_peak: int | None = None
+    # the graph with large weights in row chunks that the plan was made for, when it was
+    chunks: ChunkedGraph | None = None
     _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
@@ -71,6 +74,8 @@ class CompiledGraph:
                 stacklevel=2,
             )
         self.calls += 1
+        if self.chunks is not None:
+            args = tuple(self.chunks.expand(args))
         self.runtime.recorder.restart()
         if "cpu" in self.settings.budgets or self.runtime.disk is not None:
             with RssSampler() as rss, torch.no_grad():
@@ -133,6 +138,16 @@ class Session:
             pool = self.disk.pool
             pool.max_idle_bytes = max(pool.max_idle_bytes or 0, largest)
         return self.disk
+
+
+def _names_and_chunks(session: Session, cost: CostGraph) -> frozenset[str]:
+    """The fqns of ``cost``'s parameters and the keys of the row chunks earlier graphs cut
+    them into: a graph shares the resident copies of both."""
+    names = {p.fqn for p in cost.params}
+    for graph in session.graphs:
+        if graph.chunks is not None:
+            names |= {p.fqn for p in graph.plan.cost.params if graph.chunks.parent(p) in names}
+    return frozenset(names)
 
 
 def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
@@ -250,21 +265,33 @@ class TensorTorrentBackend:
         on_disk = frozenset(
             p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
         )
-        held = session.resident_bytes(exclude=frozenset(p.fqn for p in cost.params))
-        plan = plan_graph(len(session.graphs), cost, profile, settings, held, on_disk)
+        held = session.resident_bytes(exclude=_names_and_chunks(session, cost))
+        chunker = (
+            WeightChunker(gm, example_inputs, cost, settings.stream_chunk_bytes)
+            if settings.stream_chunk_bytes
+            else None
+        )
+        plan = plan_graph(len(session.graphs), cost, profile, settings, held, on_disk, chunker)
+        chunked = chunker.graph_for(plan.cost) if chunker is not None else None
         if settings.plan is not None:
-            self._check_saved(settings, cost, profile, plan)
-        locations = place_on_disk(plan, example_inputs, settings)
+            self._check_saved(settings, plan.cost, profile, plan)
+        if chunked is None:
+            weights = whole_weights(plan.cost, example_inputs)
+        else:
+            gm, weights = chunked.module, chunked.weights(plan.cost, example_inputs)
+        locations = place_on_disk(plan, weights, settings)
+        # the chunks as the weights are now, some released to disk
+        inputs = example_inputs if chunked is None else chunked.expand(example_inputs)
         if torch.cuda.is_available():
-            pin_streamed_weights(plan, example_inputs)
+            pin_streamed_weights(plan, inputs)
         disk = session.disk_tier(plan, locations)
         runtime = Runtime(session.virtual, disk, session.resident)
         rewritten = rewrite(gm, plan, runtime)
-        _make_resident(plan, runtime, example_inputs)
+        _make_resident(plan, runtime, inputs)
         compilers = compile_segments(rewritten, runtime, settings)
         compiler_note = None
         if disk is None:  # re-reading weights from disk only to time a graph costs too much
-            compiler_note = keep_faster(rewritten.module, compilers, example_inputs)
+            compiler_note = keep_faster(rewritten.module, compilers, inputs)
         compiled = CompiledGraph(
             plan=plan,
             module=rewritten.module,
@@ -273,6 +300,7 @@ class TensorTorrentBackend:
             compiler_note=compiler_note,
             settings=settings,
             profile=profile,
+            chunks=chunked,
         )
         session.graphs.append(compiled)
         session.by_source[source] = compiled

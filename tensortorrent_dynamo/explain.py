@@ -93,6 +93,14 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
         f"planned read time {format_seconds(read_bytes / rate)} at {format_rate(rate, 'B/s')}"
     ]
+    if graph.chunks is not None:
+        chunked = graph.chunks
+        chunks = [p for p in params if chunked.parent(p) != p.fqn]
+        lines.append(
+            f"    {len({chunked.parent(p) for p in chunks})} large weights planned as "
+            f"{len(chunks)} row chunks of at most "
+            f"{format_bytes(graph.settings.stream_chunk_bytes)} (stream_chunk_bytes)"
+        )
     spans = [
         (e.start_s, e.end_s) for e in graph.runtime.recorder.events if e.resource == "disk->cpu"
     ]

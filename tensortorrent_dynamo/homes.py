@@ -21,6 +21,7 @@ Weights that stay in host RAM but stream to a CUDA device are moved to pinned me
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from .cost_graph import CostGraph
 from .errors import CheckpointError
 from .offload import OffloadStore, TensorLocation, safetensors_locations
 from .plan import GraphPlan
@@ -146,29 +148,60 @@ def offload_dir(settings: Settings) -> Path:
     return Path(settings.offload_dir) if settings.offload_dir else default_offload_dir()
 
 
-def place_on_disk(
-    plan: GraphPlan, example_inputs: Sequence[Any], settings: Settings
-) -> dict[str, TensorLocation]:
-    """Where each parameter of ``plan`` whose home is disk is, by fqn.
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """Where a planned parameter's bytes come from: the model's tensor ``tensor`` (named
+    ``fqn``), whole, or only its rows ``rows`` when the planner sees it in row chunks
+    (``chunking.py``)."""
 
-    Parameters the plan streams from disk and that still hold their bytes are written
-    to the offload store, then their RAM is released; those the plan keeps in RAM stay
-    as they are (and are not in the result unless already released).
+    fqn: str
+    tensor: torch.Tensor
+    rows: tuple[int, int] | None = None
+
+    def location(self) -> TensorLocation | None:
+        """Where these bytes are on disk; ``None`` while the tensor holds its own."""
+        location = released_location(self.tensor)
+        if location is None or self.rows is None:
+            return location
+        return location.rows(*self.rows)
+
+
+def whole_weights(cost: CostGraph, example_inputs: Sequence[Any]) -> list[Weight]:
+    """The weight of each parameter of ``cost``: the graph input itself, whole."""
+    return [Weight(p.fqn, example_inputs[p.arg_index]) for p in cost.params]
+
+
+def place_on_disk(
+    plan: GraphPlan, weights: Sequence[Weight], settings: Settings
+) -> dict[str, TensorLocation]:
+    """Where each parameter of ``plan`` whose home is disk is, by the plan's fqn
+    (``weights[i]`` is where parameter ``i``'s bytes come from).
+
+    Tensors the plan streams (a part of) from disk and that still hold their bytes are
+    written to the offload store whole, then their RAM is released; those the plan keeps
+    in RAM stay as they are (and are not in the result unless already released).
     """
-    locations: dict[str, TensorLocation] = {}
+    disk = [i for i in range(len(plan.cost.params)) if plan.on_disk(i)]
+    _check_stores(loc for i in disk if (loc := weights[i].location()) is not None)
     to_write: dict[str, torch.Tensor] = {}
-    for pid, ref in enumerate(plan.cost.params):
-        if not plan.on_disk(pid):
-            continue
-        tensor = example_inputs[ref.arg_index]
-        location = released_location(tensor)
+    for pid in disk:
+        weight = weights[pid]
+        if plan.is_streamed(pid) and released_location(weight.tensor) is None:
+            to_write[weight.fqn] = weight.tensor
+    if to_write:
+        _write_and_release(plan.graph_index, to_write, settings)
+    locations: dict[str, TensorLocation] = {}
+    for pid in disk:
+        location = weights[pid].location()
         if location is not None:
-            locations[ref.fqn] = location
-        elif plan.is_streamed(pid):
-            to_write[ref.fqn] = tensor
-    _check_stores(locations.values())
-    if not to_write:
-        return locations
+            locations[plan.cost.params[pid].fqn] = location
+    return locations
+
+
+def _write_and_release(
+    graph_index: int, to_write: dict[str, torch.Tensor], settings: Settings
+) -> None:
+    """Write ``to_write`` (by fqn) to the offload store, then release their RAM."""
     # One directory per set of parameters (names, shapes, dtypes): models of another
     # architecture never share shards; the same one reuses what is already written.
     layout = sorted((k, str(t.dtype), list(t.shape)) for k, t in to_write.items())
@@ -178,18 +211,16 @@ def place_on_disk(
     _stores.add(store.directory)
     for fqn, tensor in to_write.items():
         _release(tensor, written[fqn])
-    locations.update(written)
     total = sum(w.nbytes for w in written.values())
     log.warning(
         "graph %d: %d parameters (%s) now live on disk in %s and their RAM was released; "
         "the model's tensors are empty placeholders, so call the model through the compiled "
         "module only",
-        plan.graph_index,
+        graph_index,
         len(to_write),
         format_bytes(total),
         store.directory,
     )
-    return locations
 
 
 def _check_stores(locations: Iterable[TensorLocation]) -> None:

@@ -109,6 +109,19 @@ class TensorLocation:
     dtype: torch.dtype
     shape: tuple[int, ...]
 
+    def rows(self, start: int, stop: int) -> TensorLocation:
+        """Where rows ``start:stop`` (along the first dimension) of this tensor are: a
+        contiguous byte range of the same stored tensor (the same ``key``)."""
+        if not self.shape or not 0 <= start < stop <= self.shape[0]:
+            raise ValueError(f"{self.key}: no rows {start}:{stop} in shape {list(self.shape)}")
+        row_bytes = self.nbytes // self.shape[0]
+        return dataclasses.replace(
+            self,
+            offset=self.offset + start * row_bytes,
+            nbytes=(stop - start) * row_bytes,
+            shape=(stop - start, *self.shape[1:]),
+        )
+
 
 @dataclasses.dataclass
 class ReadResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import psutil
@@ -128,6 +128,11 @@ def planned_devices(
     return tuple(devices), host_compute
 
 
+# Given each parameter's home, with some on disk: the cost graph to plan instead and the
+# homes of its parameters (``chunking.WeightChunker`` splits large weights into row chunks).
+SplitWeights = Callable[[Sequence[str]], tuple[CostGraph, list[str]]]
+
+
 def plan_graph(
     graph_index: int,
     cost: CostGraph,
@@ -135,17 +140,26 @@ def plan_graph(
     settings: Settings,
     already_resident: Mapping[str, int],
     on_disk: frozenset[str] = frozenset(),
+    split: SplitWeights | None = None,
 ) -> GraphPlan:
     """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
 
     Parameters named in ``on_disk`` (by fqn) live on disk already. The others live in
     host RAM, unless the host budget cannot hold them: then every parameter's home is
     disk, and the planner picks which ones the host keeps in RAM and which it reads
-    from disk on each run.
+    from disk on each run. Whenever some home is disk, ``split`` (when given) names the
+    graph to plan instead: the plan's ``cost`` is then that graph.
     """
+
+    def with_homes(homes: list[str]) -> GraphPlan:
+        graph = cost
+        if split is not None and "disk" in homes:
+            graph, homes = split(homes)
+        return _plan_with_homes(graph_index, graph, profile, settings, already_resident, homes)
+
     homes = ["disk" if p.fqn in on_disk else "host" for p in cost.params]
     try:
-        return _plan_with_homes(graph_index, cost, profile, settings, already_resident, homes)
+        return with_homes(homes)
     except PlanInfeasible as exc:
         host_short = exc.min_budgets.get("cpu", 0) > _host_budget(profile, settings)
         if "host" not in homes or not host_short:
@@ -156,8 +170,7 @@ def plan_graph(
             graph_index,
             exc,
         )
-    disk = ["disk"] * len(cost.params)
-    return _plan_with_homes(graph_index, cost, profile, settings, already_resident, disk)
+    return with_homes(["disk"] * len(cost.params))
 
 
 def _host_budget(profile: HostProfile, settings: Settings) -> int:

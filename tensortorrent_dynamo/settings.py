@@ -21,6 +21,7 @@ Compiler = Literal["inductor", "eager"]
 Replan = Literal["error", "auto"]
 ProfileChoice = Literal["auto", "nominal"]
 PROFILE_ENV = "TENSORTORRENT_PROFILE"
+DEFAULT_STREAM_CHUNK_BYTES = 16 * 2**20
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+|virtual:\d+)$")
 DEVICE_FORMS = "'cpu', 'cuda:N' (or 'cuda'), 'virtual:N'"
@@ -87,6 +88,10 @@ class Settings:
             back each run. ``None`` means ``<cache dir>/offload``.
         checkpoint: path of a safetensors file holding the weights of a model built on the
             meta device; its parameters stay on disk and are read from this file.
+        stream_chunk_bytes: weights read from disk that are larger than this, and used only
+            as the weight of linear layers, are split into row chunks of at most this size,
+            each planned (kept in RAM or read each run) on its own (``chunking.py``); 0
+            turns it off.
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -100,6 +105,7 @@ class Settings:
     replan: Replan = "error"
     offload_dir: str | None = None
     checkpoint: str | None = None
+    stream_chunk_bytes: int = DEFAULT_STREAM_CHUNK_BYTES
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -126,6 +132,7 @@ class Settings:
             "profile": self.profile,
             "offload_dir": self.offload_dir,
             "checkpoint": self.checkpoint,
+            "stream_chunk_bytes": self.stream_chunk_bytes,
         }
 
 
@@ -140,6 +147,10 @@ OPTION_HELP: dict[str, str] = {
     "replan": "when a saved plan no longer matches: 'error' (default) or 'auto'",
     "offload_dir": "directory of the disk tier (default: <cache dir>/offload)",
     "checkpoint": "safetensors file with the weights of a model built on the meta device",
+    "stream_chunk_bytes": (
+        "size, e.g. '16MiB' (the default): weights read from disk are split into row chunks "
+        "of at most this size; 0 turns it off"
+    ),
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
         f"default 'auto' or ${PROFILE_ENV}"
@@ -277,9 +288,14 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
             raise OptionsError(f"option 'checkpoint': no safetensors file at {checkpoint!r}")
         checkpoint = str(Path(checkpoint).resolve())
 
+    stream_chunk_bytes = parse_bytes(
+        merged.get("stream_chunk_bytes", DEFAULT_STREAM_CHUNK_BYTES), "option 'stream_chunk_bytes'"
+    )
+
     return Settings(
         offload_dir=offload_dir,
         checkpoint=checkpoint,
+        stream_chunk_bytes=stream_chunk_bytes,
         plan=str(Path(str(plan)).resolve()) if plan is not None else None,
         replan=cast(Replan, _choice(merged.get("replan", "error"), "replan", get_args(Replan))),
         budgets=budgets,

@@ -256,3 +256,109 @@ def test_a_tight_budget_reads_each_weight_when_its_layer_starts(tmp_path: Path) 
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(compiled(x), expected)
+
+
+# mlp(256, 8): weights of 256 KiB; chunks of 64 KiB split each into 4 of 64 rows
+CHUNK = 64 * 1024
+
+
+def test_large_weights_stream_in_row_chunks_and_read_less(tmp_path: Path) -> None:
+    x = torch.randn(16, 256)
+    with torch.no_grad():
+        expected = mlp(256, 8)(x)
+    budget = _host_budget(mlp(256, 8))
+    read: dict[int, int] = {}
+    for chunk in (0, CHUNK):
+        torch._dynamo.reset()
+        model = mlp(256, 8)
+        compiled = _compile(model, x, tmp_path, budgets={"cpu": budget}, stream_chunk_bytes=chunk)
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(compiled(x), expected)
+        read[chunk] = compiled.disk_bytes_read()
+    # whole weights: two 256 KiB read buffers out of a 1 MiB budget; chunks: two of 64 KiB
+    assert 0 < read[CHUNK] < read[0], read
+
+    plan = compiled.graphs[0].plan
+    assert plan.predicted_peak("cpu") <= budget
+    names = [p.fqn for p in plan.cost.params]
+    assert "0.weight[0:64]" in names and "0.weight" not in names and "0.bias" in names
+    streamed = [i for i in range(len(names)) if plan.is_streamed(i)]
+    assert read[CHUNK] == sum(plan.cost.params[i].nbytes for i in streamed)
+    # a weight with a chunk read from disk was written whole and left RAM
+    params = dict(model.named_parameters())
+    for i in streamed:
+        whole = params[names[i].partition("[")[0]]
+        assert whole.untyped_storage().nbytes() == 0 and released_location(whole) is not None
+    text = compiled.explain()
+    assert "0.weight[" in text and "8 large weights planned as 32 row chunks" in text
+
+
+def test_chunked_weights_from_a_checkpoint_of_a_meta_model(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model, x = mlp(256, 8), torch.randn(16, 256)
+    save_file(model.state_dict(), str(tmp_path / "model.safetensors"))
+    with torch.device("meta"):
+        empty = mlp(256, 8)
+    budget = _host_budget(model)
+    compiled = _compile(
+        empty,
+        x,
+        tmp_path,
+        checkpoint=str(tmp_path / "model.safetensors"),
+        budgets={"cpu": budget},
+        stream_chunk_bytes=CHUNK,
+    )
+    plan = compiled.graphs[0].plan
+    assert any("[" in p.fqn for p in plan.cost.params)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.disk_bytes_read() > 0
+    # the chunks kept in RAM were read once from the checkpoint, within the budget
+    held = compiled.graphs[0].runtime.resident_bytes("cpu")
+    assert 0 < held <= budget
+    assert not (tmp_path / "offload").exists()  # nothing written: the checkpoint is read
+
+
+def test_chunked_weights_feed_a_virtual_accelerator(tmp_path: Path) -> None:
+    model, x = mlp(256, 6), torch.randn(32, 256)
+    with torch.no_grad():
+        expected = model(x)
+    size = param_bytes(model)
+    compiled = _compile(
+        model,
+        x,
+        tmp_path,
+        budgets={"cpu": size // 3, "virtual:0": size // 2},
+        virtual_devices=FAST_VIRTUAL,
+        devices=["virtual:0"],
+        stream_chunk_bytes=CHUNK,
+    )
+    plan = compiled.graphs[0].plan
+    assert any("[" in p.fqn for p in plan.cost.params)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), expected)
+    assert compiled.disk_bytes_read() > 0
+    assert 0 < compiled.measured_peaks()["virtual:0"] <= size // 2
+
+
+def test_a_plan_with_chunked_weights_is_saved_and_reproduced(tmp_path: Path) -> None:
+    x = torch.randn(16, 256)
+    options = {"budgets": {"cpu": _host_budget(mlp(256, 8))}, "stream_chunk_bytes": "64KiB"}
+    compiled = _compile(mlp(256, 8), x, tmp_path, **options)
+    path = tmp_path / "plan.json"
+    compiled.save(path)
+    residency = json.loads(path.read_text())["graphs"][0]["residency"]
+    assert "0.weight[0:64]" in residency
+    hashes = compiled.plan_hashes()
+    torch._dynamo.reset()
+    model = mlp(256, 8)
+    with torch.no_grad():
+        expected = model(x)
+    reloaded = tt.load(path, model, example_inputs=(x,))  # a changed plan would raise
+    assert reloaded.plan_hashes() == hashes
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), expected)

@@ -1,0 +1,264 @@
+"""Row-chunked streaming of large weights read from disk (FlexGen-style).
+
+A weight read from disk whole costs the host a whole copy of it per read buffer (two for a
+double buffer), and its read overlaps nothing of its own layer. So when a weight's home is
+disk, it is larger than ``stream_chunk_bytes`` and every use of it is as the weight of a
+linear layer, this pass splits it into row chunks: the graph takes one input per row range
+in its place, and each ``linear(x, W, b)`` becomes ``cat([linear(x, W[r0:r1], b[r0:r1]),
+...], -1)``. To the planner each chunk is a parameter of its own, keyed ``fqn[r0:r1]``: it
+keeps as many chunks in RAM as fit, staging costs two chunks, and each chunk's read
+overlaps the compute of the chunk before it.
+
+At call time the whole weight Dynamo passes is expanded into its chunks
+(:meth:`ChunkedGraph.expand`): views of its rows while it holds its bytes, empty
+placeholders of each chunk's shape once it was released to disk (a view of a tensor with
+no bytes is refused). The runtime reads a chunk from its byte range of the stored tensor
+(the rows of a row-major tensor are contiguous: ``TensorLocation.rows``). A chunk is the
+same tensor object from call to call, so its resident copy is found again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .cost_graph import CostGraph, ParamRef, build_cost_graph
+from .homes import Weight
+
+# what Dynamo emits for nn.Linear and F.linear (the same function)
+LINEAR: tuple[Callable[..., Any], ...] = (torch._C._nn.linear,)
+
+
+def chunk_key(fqn: str, start: int, stop: int) -> str:
+    """The name of rows ``start:stop`` of parameter ``fqn``: ``layers.3.weight[0:1024]``."""
+    return f"{fqn}[{start}:{stop}]"
+
+
+def row_ranges(rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``rows`` rows in ranges of at most ``chunk_bytes`` (at least one row each), as even
+    as possible, so that the chunks share read buffers of one size."""
+    per = max(1, chunk_bytes // max(1, row_bytes))
+    count = -(-rows // per)
+    size, extra = divmod(rows, count)
+    ranges, start = [], 0
+    for i in range(count):
+        stop = start + size + (1 if i < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+@dataclasses.dataclass(frozen=True)
+class RowChunk:
+    """Rows ``start:stop`` of the parameter ``parent`` (its fqn)."""
+
+    parent: str
+    start: int
+    stop: int
+
+    @property
+    def key(self) -> str:
+        return chunk_key(self.parent, self.start, self.stop)
+
+
+# (id(weight), start, stop) -> (weak ref to the weight, its storage when cut, the chunk)
+_chunks: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+
+def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``weight``, the same tensor object for as long as the weight
+    keeps its storage: a view of them, or, once the weight was released to disk, an empty
+    placeholder of their shape (the runtime reads their bytes from disk)."""
+    storage = weight.untyped_storage()
+    key = (id(weight), start, stop)
+    entry = _chunks.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == storage._cdata:
+        return entry[2]
+    if storage.nbytes() == 0:
+        chunk = torch.empty(
+            (stop - start, *weight.shape[1:]), dtype=weight.dtype, device=weight.device
+        )
+        chunk.untyped_storage().resize_(0)  # never touched: costs no RAM
+    else:
+        chunk = weight.detach().narrow(0, start, stop - start)
+    _chunks[key] = (weakref.ref(weight, lambda _: _chunks.pop(key, None)), storage._cdata, chunk)
+    return chunk
+
+
+@dataclasses.dataclass
+class ChunkedGraph:
+    """A graph whose large weights were split into row chunks, and how to feed it.
+
+    ``inputs[j]`` says where the ``j``-th input of ``module`` comes from: the position of
+    the input Dynamo passes and, for a row chunk, which rows of it.
+    """
+
+    module: torch.fx.GraphModule
+    inputs: tuple[tuple[int, RowChunk | None], ...]
+    cost: CostGraph | None = None
+
+    def expand(self, args: Sequence[Any]) -> list[Any]:
+        """The inputs of ``module`` from the inputs Dynamo passes (whole weights)."""
+        return [
+            args[i] if chunk is None else rows_of(args[i], chunk.start, chunk.stop)
+            for i, chunk in self.inputs
+        ]
+
+    def weights(self, cost: CostGraph, args: Sequence[Any]) -> list[Weight]:
+        """Where each parameter of ``cost`` (this graph's) comes from among ``args``."""
+        weights = []
+        for param in cost.params:
+            i, chunk = self.inputs[param.arg_index]
+            if chunk is None:
+                weights.append(Weight(param.fqn, args[i]))
+            else:
+                weights.append(Weight(chunk.parent, args[i], (chunk.start, chunk.stop)))
+        return weights
+
+    def parent(self, param: ParamRef) -> str:
+        """The fqn of the whole parameter ``param`` is (rows of)."""
+        chunk = self.inputs[param.arg_index][1]
+        return chunk.parent if chunk is not None else param.fqn
+
+
+class WeightChunker:
+    """The chunking pass over one Dynamo graph, as :func:`plan.plan_graph`'s ``split``:
+    given each parameter's home, the cost graph with the large disk-homed weights of
+    linear layers in row chunks, and the homes of its parameters (a chunk's is its
+    weight's). :meth:`graph_for` gives back the graph a plan was made for."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        cost: CostGraph,
+        chunk_bytes: int,
+    ) -> None:
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.cost = cost
+        self.chunk_bytes = chunk_bytes
+        self._graphs: list[ChunkedGraph] = []
+
+    def __call__(self, homes: Sequence[str]) -> tuple[CostGraph, list[str]]:
+        nodes = {n.name: n for n in self.gm.graph.nodes if n.op == "placeholder"}
+        ranges: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+        for param, home in zip(self.cost.params, homes, strict=True):
+            if home == "disk" and self._splits(param, nodes[param.placeholder]):
+                row_bytes = param.nbytes // param.shape[0]
+                rows = row_ranges(param.shape[0], row_bytes, self.chunk_bytes)
+                ranges[param.placeholder] = (param.fqn, rows)
+        if not ranges:
+            return self.cost, list(homes)
+        chunked = split_weights(self.gm, ranges)
+        # the weights as they are now (views of live ones); not kept: a view would keep the
+        # RAM of a weight released later alive
+        cost = build_cost_graph(chunked.module, chunked.expand(self.example_inputs))
+        chunked.cost = cost
+        self._graphs.append(chunked)
+        home_of = {p.fqn: h for p, h in zip(self.cost.params, homes, strict=True)}
+        return cost, [home_of[chunked.parent(p)] for p in cost.params]
+
+    def graph_for(self, cost: CostGraph) -> ChunkedGraph | None:
+        """The chunked graph ``cost`` was built from; ``None`` for the graph as traced."""
+        return next((g for g in self._graphs if g.cost is cost), None)
+
+    def _splits(self, param: ParamRef, node: torch.fx.Node) -> bool:
+        """Whether ``param`` is split: a contiguous 2-D tensor of several rows larger than a
+        chunk (its rows are then contiguous, in RAM as on disk), used only as the weight of
+        linear layers."""
+        if param.nbytes <= self.chunk_bytes or len(param.shape) != 2 or param.shape[0] < 2:
+            return False
+        if not node.meta["example_value"].is_contiguous():
+            return False
+        return bool(node.users) and all(_weight_of_linear(user, node) for user in node.users)
+
+
+def _weight_of_linear(user: torch.fx.Node, weight: torch.fx.Node) -> bool:
+    """Whether ``user`` is ``linear(x, weight[, bias])`` with ``weight`` nowhere else."""
+    if user.op != "call_function" or user.target not in LINEAR:
+        return False
+    if not 2 <= len(user.args) <= 3 or set(user.kwargs) - {"bias"} or user.args[1] is not weight:
+        return False
+    others = [user.args[0], *user.args[2:], *user.kwargs.values()]
+    return all(arg is not weight for arg in others)
+
+
+def split_weights(
+    gm: torch.fx.GraphModule, ranges: dict[str, tuple[str, list[tuple[int, int]]]]
+) -> ChunkedGraph:
+    """A copy of ``gm`` where each placeholder named in ``ranges`` (its fqn and row ranges)
+    is replaced by one placeholder per row range, and each linear layer using it by the
+    concatenation of one linear per range. ``gm`` is not changed."""
+    graph = copy.deepcopy(gm.graph)  # nodes copied, their meta shallowly
+    module = torch.fx.GraphModule(gm, graph)
+    module.meta = dict(gm.meta)
+    names = dict(module.meta.get("dynamo_flat_name_to_original_fqn", {}))
+    module.meta["dynamo_flat_name_to_original_fqn"] = names  # how cost_graph names chunks
+    inputs: list[tuple[int, RowChunk | None]] = []
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for position, node in enumerate(placeholders):
+        if node.name not in ranges:
+            inputs.append((position, None))
+            continue
+        fqn, rows = ranges[node.name]
+        fake = node.meta["example_value"]
+        parts = []
+        for start, stop in rows:
+            chunk = RowChunk(fqn, start, stop)
+            target = f"{node.target}rows_{start}_{stop}_"
+            with graph.inserting_before(node):
+                part = graph.placeholder(target)
+            part.meta = {
+                k: v for k, v in node.meta.items() if k not in ("grapharg", "example_value")
+            }
+            with fake.fake_mode:
+                part.meta["example_value"] = torch.empty(
+                    (stop - start, *fake.shape[1:]), dtype=fake.dtype, device=fake.device
+                )
+            names[target] = chunk.key
+            parts.append((part, start, stop))
+            inputs.append((position, chunk))
+        for user in list(node.users):
+            _split_linear(graph, user, parts)
+        graph.erase_node(node)
+    graph.lint()
+    module.recompile()
+    return ChunkedGraph(module=module, inputs=tuple(inputs))
+
+
+def _split_linear(
+    graph: torch.fx.Graph, linear: torch.fx.Node, parts: list[tuple[torch.fx.Node, int, int]]
+) -> None:
+    """Replace ``linear(x, W, b)`` by ``cat([linear(x, W_i, b[r0:r1]) ...], -1)``."""
+    x = linear.args[0]
+    bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+    with graph.inserting_before(linear):
+        outs = []
+        for part, start, stop in parts:
+            part_bias = None
+            if bias is not None:
+                part_bias = _call(graph, torch.narrow, (bias, 0, start, stop - start), linear)
+            outs.append(_call(graph, linear.target, (x, part, part_bias), linear))
+        cat = _call(graph, torch.cat, (outs, -1), linear)
+    linear.replace_all_uses_with(cat)
+    graph.erase_node(linear)
+
+
+def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...], like: torch.fx.Node) -> Any:
+    """A new ``call_function`` node, with ``like``'s provenance and its own example value
+    (computed on fake tensors, in the fake mode of ``like``'s)."""
+    node = graph.call_function(target, args)
+    for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
+        if key in like.meta:
+            node.meta[key] = like.meta[key]
+    fakes = torch.fx.node.map_arg(args, lambda n: n.meta["example_value"])
+    with like.meta["example_value"].fake_mode:
+        node.meta["example_value"] = target(*fakes)
+    return node

@@ -1,0 +1,147 @@
+"""The chunking pass: large linear weights split into row chunks, each a parameter of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tensortorrent_dynamo.chunking import WeightChunker, chunk_key, row_ranges, rows_of
+from tensortorrent_dynamo.cost_graph import build_cost_graph
+from tensortorrent_dynamo.offload import DiskReader, HostBufferPool, write_safetensors
+from tests.models import mlp
+
+
+def _captured(model: Callable[..., Any], *args: torch.Tensor) -> tuple[Any, list[Any]]:
+    """The graph Dynamo gives a backend for ``model(*args)``, and its example inputs."""
+    seen: list[tuple[Any, list[Any]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch.compile(model, backend=backend)(*args)
+    return seen[0]
+
+
+def test_row_ranges_are_even_cover_every_row_and_respect_the_size() -> None:
+    assert row_ranges(4096, 16384, 16 * 2**20) == [
+        (0, 1024),
+        (1024, 2048),
+        (2048, 3072),
+        (3072, 4096),
+    ]
+    ranges = row_ranges(1000, 12, 3600)  # at most 300 rows each: 4 chunks of 250
+    assert ranges == [(0, 250), (250, 500), (500, 750), (750, 1000)]
+    ranges = row_ranges(7, 10, 25)  # 2 rows each at most: 4 chunks, the first 3 of 2 rows
+    assert ranges == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert row_ranges(3, 100, 10) == [(0, 1), (1, 2), (2, 3)]  # a row larger than a chunk
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_weights_on_disk_are_split_and_compute_the_same(bias: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48, bias=bias), nn.ReLU(), nn.Linear(48, 8, bias=bias))
+    x = torch.randn(5, 32)
+    gm, inputs = _captured(model, x)
+    cost = build_cost_graph(gm, inputs)
+    chunk_bytes = 32 * 4 * 16  # 16 rows of the first weight; the second (1.5 KiB) is smaller
+    chunker = WeightChunker(gm, inputs, cost, chunk_bytes)
+
+    # nothing on disk: nothing is split
+    same, homes = chunker(["host"] * len(cost.params))
+    assert same is cost and chunker.graph_for(cost) is None
+
+    chunked_cost, homes = chunker(["disk"] * len(cost.params))
+    chunked = chunker.graph_for(chunked_cost)
+    assert chunked is not None and homes == ["disk"] * len(chunked_cost.params)
+    names = [p.fqn for p in chunked_cost.params]
+    assert [n for n in names if "[" in n] == [chunk_key("0.weight", a, a + 16) for a in (0, 16, 32)]
+    assert "2.weight" in names  # not larger than a chunk: kept whole
+    targets = [n.target.__name__ for n in chunked.module.graph.nodes if n.op == "call_function"]
+    assert targets.count("cat") == 1 and targets.count("linear") == 4
+
+    with torch.no_grad():
+        expected = model(x)
+        (got,) = chunked.module(*chunked.expand(inputs))
+    torch.testing.assert_close(got, expected)
+
+    # each chunk's weight names the whole parameter and its rows
+    weights = chunked.weights(chunked_cost, inputs)
+    first = next(w for w, p in zip(weights, chunked_cost.params, strict=True) if "[" in p.fqn)
+    assert first.fqn == "0.weight" and first.rows == (0, 16) and first.tensor is model[0].weight
+
+
+def test_a_weight_used_other_than_by_linear_layers_stays_whole() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x) + x @ self.proj.weight  # the weight is also a matmul operand
+
+    model = Tied()
+    gm, inputs = _captured(model, torch.randn(3, 32))
+    cost = build_cost_graph(gm, inputs)
+    chunked_cost, _ = WeightChunker(gm, inputs, cost, 256)(["disk"] * len(cost.params))
+    assert chunked_cost is cost
+
+
+def test_a_transposed_weight_stays_whole() -> None:
+    model = nn.Linear(64, 64)
+    model.weight.data = model.weight.data.t().contiguous().t()  # the same values, column-major
+    gm, inputs = _captured(model, torch.randn(2, 64))
+    cost = build_cost_graph(gm, inputs)
+    chunked_cost, _ = WeightChunker(gm, inputs, cost, 4096)(["disk"] * len(cost.params))
+    assert chunked_cost is cost
+
+
+def test_only_the_weights_whose_home_is_disk_are_split() -> None:
+    model = mlp(64, 2)
+    gm, inputs = _captured(model, torch.randn(2, 64))
+    cost = build_cost_graph(gm, inputs)
+    homes = ["disk" if p.fqn == "2.weight" else "host" for p in cost.params]
+    chunked_cost, new_homes = WeightChunker(gm, inputs, cost, 4096)(homes)
+    split = {p.fqn: h for p, h in zip(chunked_cost.params, new_homes, strict=True)}
+    assert "0.weight" in split and split["0.weight"] == "host"
+    chunks = [k for k in split if k.startswith("2.weight[")]
+    assert len(chunks) == 4 and all(split[k] == "disk" for k in chunks)
+
+
+def test_a_chunk_is_the_same_tensor_until_its_weight_is_released() -> None:
+    weight = nn.Parameter(torch.randn(8, 4))
+    view = rows_of(weight, 2, 6)
+    assert rows_of(weight, 2, 6) is view
+    torch.testing.assert_close(view, weight.detach()[2:6])
+    assert not view.requires_grad
+    # released to disk: the weight's storage holds nothing; a view of it would be refused
+    empty = torch.empty(8, 4)
+    empty.untyped_storage().resize_(0)
+    weight.data = empty
+    placeholder = rows_of(weight, 2, 6)
+    assert placeholder is not view and rows_of(weight, 2, 6) is placeholder
+    assert placeholder.shape == (4, 4) and placeholder.untyped_storage().nbytes() == 0
+
+
+@pytest.mark.parametrize("direct", [None, False])
+def test_rows_of_a_stored_tensor_read_from_an_unaligned_range(
+    tmp_path: Path, direct: bool | None
+) -> None:
+    # rows of 3 floats (12 bytes): every chunk but the first starts inside a page, off any
+    # 4 KiB boundary; O_DIRECT reads the enclosing aligned range
+    tensor = torch.randn(1001, 3)
+    locations = write_safetensors(tmp_path / "t.safetensors", {"a": torch.ones(5), "w": tensor})
+    with DiskReader(HostBufferPool(), direct=direct, chunk_bytes=4096) as reader:
+        for start, stop in [(0, 1), (1, 400), (341, 342), (400, 1001)]:
+            location = locations["w"].rows(start, stop)
+            assert location.key == "w" and location.shape == (stop - start, 3)
+            read = reader.submit(location).result()
+            torch.testing.assert_close(read.tensor, tensor[start:stop])
+            reader.pool.give(read.buffer)
+    with pytest.raises(ValueError, match="no rows"):
+        locations["w"].rows(5, 5)
