@@ -65,6 +65,8 @@ CHECKSUM = "crc32"
 # Reads of this size split across the reader's threads; see DiskReader for the figures.
 DEFAULT_CHUNK_BYTES = 16 * 2**20
 DEFAULT_READ_THREADS = 4
+# the smallest request a read is split into (a smaller read is one request)
+MIN_REQUEST_BYTES = 2**20
 DEFAULT_SHARD_BYTES = 256 * 2**20
 # A store is verified in pieces of this size, this many in flight.
 _VERIFY_PIECE_BYTES = 16 * 2**20
@@ -487,8 +489,10 @@ class DiskReader:
     ``direct=None`` reads with ``O_DIRECT`` wherever the filesystem allows it (probed per
     file) and elsewhere reads buffered, then drops the pages read with
     ``posix_fadvise(POSIX_FADV_DONTNEED)``; ``True`` insists on ``O_DIRECT``, ``False``
-    never uses it. A read is split into chunks of ``chunk_bytes`` that the ``threads``
-    share, so one large tensor keeps several requests in flight at the disk.
+    never uses it. A read is split into requests that the ``threads`` share, so that one
+    tensor keeps every thread's request in flight at the disk: at most ``chunk_bytes``
+    each, and smaller for a read under ``threads * chunk_bytes`` (a 16 MiB read is four
+    4 MiB requests with 4 threads, not one), down to ``MIN_REQUEST_BYTES``.
 
     Reading a 1 GiB safetensors file cold with ``O_DIRECT`` from the ext4 virtual disk of the
     2-core development machine (medians of 3-5 passes, taken in turn so that the disk's drift
@@ -513,6 +517,7 @@ class DiskReader:
             raise OffloadError("direct=True: this platform has no O_DIRECT")
         self.pool = pool
         self.direct = direct
+        self.threads = threads
         self.chunk_bytes = chunk_bytes
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="tensortorrent-disk"
@@ -558,9 +563,11 @@ class DiskReader:
             first, last = loc.offset, end
             buffer = self.pool.take(loc.nbytes)
         job = _Job(loc, file, buffer, first)
+        share = _round_up(-(-(last - first) // self.threads), PAGE_BYTES)
+        step = min(self.chunk_bytes, max(share, MIN_REQUEST_BYTES))
         spans = [
-            (start, min(start + self.chunk_bytes, last))
-            for start in range(first, last if loc.nbytes else first, self.chunk_bytes)
+            (start, min(start + step, last))
+            for start in range(first, last if loc.nbytes else first, max(step, PAGE_BYTES))
         ]
         job.remaining = len(spans)
         if not spans:

@@ -208,3 +208,25 @@ def test_pool_keeps_idle_buffers_within_its_cap_dropping_the_oldest() -> None:
     assert pool.held_bytes == 3 * 4096
     assert pool.take(2 * 4096).data_ptr() == big.data_ptr()
     assert pool.take(4096).data_ptr() == other.data_ptr()
+
+
+def test_one_read_is_shared_by_every_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mib = 2**20
+    path, data = raw_file(tmp_path, 16 * mib)
+    requests: list[int] = []
+    real = DiskReader._read_span
+
+    def record(self: DiskReader, job: Any, start: int, stop: int) -> None:
+        requests.append(stop - start)
+        real(self, job, start, stop)
+
+    monkeypatch.setattr(DiskReader, "_read_span", record)
+    with DiskReader(HostBufferPool(), threads=4, direct=False) as reader:
+        result = reader.submit(span(path, 0, 16 * mib)).result()
+        assert bytes(result.tensor.numpy()) == data
+        assert sorted(requests) == [4 * mib] * 4, "four threads, a quarter each"
+        requests.clear()
+        reader.submit(span(path, 0, 64 * 1024)).result()
+        assert requests == [64 * 1024], "a small read stays one request"
