@@ -604,9 +604,12 @@ def prefetch(rt: Runtime, param: torch.Tensor, key: str, device: str) -> Prefetc
     return rt.prefetch(param, key, device)
 
 
-def wait(handle: PrefetchHandle) -> torch.Tensor:
-    """The prefetched parameter, once its copy has landed."""
-    return handle.result()
+def wait(handle: Any) -> Any:
+    """The prefetched parameter (or reloaded activation), once its copy has landed; for
+    a tuple or list of handles (an activation made of several tensors), each one's."""
+    if isinstance(handle, PrefetchHandle):
+        return handle.result()
+    return tree_map(lambda h: h.result() if isinstance(h, PrefetchHandle) else h, handle)
 
 
 def evict(handle: PrefetchHandle) -> None:
@@ -614,14 +617,20 @@ def evict(handle: PrefetchHandle) -> None:
     handle.release()
 
 
-def spill(rt: Runtime, value: torch.Tensor, what: str) -> PrefetchHandle:
-    """Start copying an activation to host memory, so its device can drop it."""
-    return rt.spill(value, what)
+def spill(rt: Runtime, value: Any, what: str) -> Any:
+    """Start copying an activation (each tensor of it) to host memory, so its device can
+    drop it."""
+    return tree_map(lambda t: rt.spill(t, what) if isinstance(t, torch.Tensor) else t, value)
 
 
-def reload(rt: Runtime, spilled: PrefetchHandle, what: str, device: str) -> PrefetchHandle:
-    """Start copying a spilled activation back to ``device`` for its next use."""
-    return rt.reload(spilled, device, what)
+def reload(rt: Runtime, spilled: Any, what: str, device: str) -> Any:
+    """Start copying a spilled activation (each tensor of it) back to ``device`` for its
+    next use."""
+
+    def one(h: Any) -> Any:
+        return rt.reload(h, device, what) if isinstance(h, PrefetchHandle) else h
+
+    return tree_map(one, spilled)
 
 
 for _op in (prefetch, evict):

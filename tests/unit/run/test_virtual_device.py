@@ -105,3 +105,14 @@ def test_a_spilled_value_leaves_the_device_and_comes_back() -> None:
     torch.testing.assert_close(back, torch.arange(100.0))
     kinds = [(e.resource, e.kind) for e in rt.recorder.events]
     assert kinds == [("d2h virtual:0", "spill"), ("h2d virtual:0", "reload")]
+
+
+def test_an_activation_of_several_tensors_is_spilled_tensor_by_tensor() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    rt = Runtime({"virtual:0": dev})
+    pair = (dev.copy_in(torch.ones(10), "a"), dev.copy_in(torch.zeros(20), "b"))
+    handles = spill(rt, pair, "pair")
+    del pair
+    back = wait(reload(rt, handles, "pair", "virtual:0"))
+    assert isinstance(back, tuple) and all(dev.owns(t) for t in back)
+    torch.testing.assert_close(back, (torch.ones(10), torch.zeros(20)))
