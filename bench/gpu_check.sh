@@ -2,7 +2,9 @@
 # The prepared GPU check (shared BENCHMARKS.md): one script, minutes not hours, all output
 # kept in ${OUT:-bench/results}/gpu_check.log. What it covers today: the machine report,
 # the measured profile, the CUDA runtime path (weights resident on cuda:0, streamed from
-# pinned host memory, and streamed from disk through pinned buffers, checked against eager), the CPU benches for reference, and hf_offload with the budget on
+# pinned host memory, and streamed from disk through pinned buffers, checked against eager;
+# an activation spilled to pinned host memory and back), the CPU benches for reference, and
+# hf_offload with the budget on
 # cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +45,21 @@ for case, budgets in cases.items():
           f"{compiled.disk_bytes_read()} bytes read from disk in the last call; "
           f"cuda:0 peak allocated {torch.cuda.max_memory_allocated(0)} bytes")
     torch.cuda.reset_peak_memory_stats(0)
+
+# activation spill: a long skip sent to pinned host memory and back (tests/integration/test_spill.py)
+from tests.models import LongSkip
+torch._dynamo.reset()
+model, x = LongSkip(), torch.randn(512, 256)
+compiled = tt.compile(model, example_inputs=(x,), budgets={"cuda:0": 6 * 2**20 + 3 * 2**18},
+                      devices=["cuda:0"], compiler="eager")
+with torch.no_grad():
+    expected = model(x)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-3, atol=1e-3)
+(graph,) = compiled.graphs
+print(compiled.explain())
+print(f"spill: chose {graph.plan.native.chosen}, spilled {graph.plan.spilled_nodes()}; outputs "
+      f"match eager; cuda:0 peak allocated {torch.cuda.max_memory_allocated(0)} bytes")
 PY
   python3 -m bench.planner
   python3 -m bench.fit --quick
