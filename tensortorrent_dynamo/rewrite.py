@@ -172,7 +172,8 @@ def _spill(
     issue_point: Callable[[int], torch.fx.Node],
 ) -> None:
     """Send each value the plan spills to host memory once its segment made it, and have
-    it copied back when its reload segment starts, for the later segments that use it."""
+    it copied back when its reload segment starts, for the segments from there on that use
+    it (those before keep reading it as made)."""
     spilled = plan.spilled_nodes()
     if not spilled:
         return
@@ -185,14 +186,24 @@ def _spill(
         if value is None:
             log.warning("%s: no value in the split graph to spill; it stays on its device", name)
             continue
-        users = sorted(value.users, key=order.__getitem__)
+        reload_segment = plan.native.value_reload_segment[nid]
+        later = sorted(
+            (
+                user
+                for user in value.users
+                if user.op == "call_module" and _segment_of(str(user.target)) >= reload_segment
+            ),
+            key=order.__getitem__,
+        )
+        if not later:
+            continue
         with graph.inserting_after(value):
             handle = graph.call_function(run.spill, (rt, value, name))
-        with graph.inserting_before(issue_point(plan.native.value_reload_segment[nid])):
+        with graph.inserting_before(issue_point(reload_segment)):
             reloading = graph.call_function(run.reload, (rt, handle, name, plan.node_device(nid)))
-        with graph.inserting_before(users[0]):
+        with graph.inserting_before(later[0]):
             back = graph.call_function(run.wait, (reloading,))
-        for user in users:
+        for user in later:
             user.replace_input_with(value, back)
 
 

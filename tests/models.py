@@ -60,20 +60,25 @@ def param_bytes(model: nn.Module) -> int:
 
 
 class LongSkip(nn.Module):
-    """A skip connection around a stack of layers: the input, doubled, is added back after
-    the last layer. The middle layer is four times as wide, so that the accelerator's
-    peak is there, while the skip waits."""
+    """A skip connection around a stack of layers: the input, doubled (or, with
+    ``from_first_layer``, the first layer's output), is added back after the last layer.
+    The middle layer is four times as wide, so that the accelerator's peak is there,
+    while the skip waits."""
 
-    def __init__(self, width: int = 256, depth: int = 5, seed: int = 0) -> None:
+    def __init__(
+        self, width: int = 256, depth: int = 5, seed: int = 0, from_first_layer: bool = False
+    ) -> None:
         super().__init__()
         torch.manual_seed(seed)
         widths = [width] * (depth + 1)
         widths[depth // 2] = 4 * width
         self.layers = nn.ModuleList(nn.Linear(widths[k], widths[k + 1]) for k in range(depth))
+        self.from_first_layer = from_first_layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        skip = x * 2
+        layers = list(self.layers)
+        skip = torch.relu(layers.pop(0)(x)) if self.from_first_layer else x * 2
         h = skip
-        for layer in self.layers:
+        for layer in layers:
             h = torch.relu(layer(h))
         return h + skip

@@ -47,6 +47,31 @@ def test_a_long_skip_is_spilled_when_holding_it_does_not_fit() -> None:
     assert "measured (last call): 2 copies" in text
 
 
+def test_a_skip_also_used_next_is_reloaded_only_for_its_later_use() -> None:
+    # the first layer's output feeds the second layer (the next segment) and the end
+    model, x = LongSkip(depth=6, from_first_layer=True), torch.randn(512, 256)
+    roomy = tt.compile(model, example_inputs=(x,), **_options(64 * MIB))
+    native = roomy.graphs[0].plan.native
+    held = next(c for c in native.candidates if c.name == "all-on-virtual:0/streamed")
+    budget = held.peak_bytes[1] - 256 * 1024  # the skip is 512 KiB
+    torch._dynamo.reset()
+    compiled = tt.compile(model, example_inputs=(x,), **_options(budget))
+    (graph,) = compiled.graphs
+    plan = graph.plan
+    assert [plan.cost.nodes[i].name for i in plan.spilled_nodes()] == ["skip"], plan.native.chosen
+    with torch.no_grad():
+        for inputs in (x, torch.randn(512, 256)):
+            torch.testing.assert_close(compiled(inputs), model(inputs))
+    assert compiled.measured_peaks()["virtual:0"] <= budget
+    code = graph.module.code
+    # the second layer reads the skip as made (the first segment's output), after the copy
+    # out has started; the last layer reads the reloaded copy
+    assert code.index("run_spill(tt_runtime, submod_1, 'skip')") < code.index(
+        "self.submod_2(submod_1,"
+    )
+    assert code.index("self.submod_2(") < code.index("run_reload") < code.index("self.submod_6(")
+
+
 def test_nothing_is_spilled_with_room_to_hold_it() -> None:
     model, x = LongSkip(), torch.randn(512, 256)
     compiled = tt.compile(model, example_inputs=(x,), **_options(7 * MIB + MIB // 4))

@@ -303,6 +303,34 @@ fn check_timeline(g: &CostGraph, devices: &[Device], p: &Plan) {
             );
         }
     }
+    // Spilled values: made on an accelerator, used only there and not a
+    // graph output, out to the host after they are made, back before every
+    // use from their reload segment on.
+    for x in (0..g.num_nodes()).filter(|&x| p.value_spilled[x]) {
+        let (d, made) = (p.node_device[x], p.node_segment[x]);
+        assert!(d != 0 && !g.is_output(x), "value {x} is not spillable");
+        let reload = p.value_reload_segment[x];
+        assert!(reload > i64::from(made), "value {x} reloaded at {reload}");
+        let out = arrival(Activity::Spill, x as u32, Resource::DeviceToHost(d));
+        let back = p
+            .timeline
+            .iter()
+            .find(|r| r.activity == Activity::Reload && r.index == x as u32)
+            .unwrap_or_else(|| panic!("value {x} never comes back"));
+        assert_eq!(back.resource, Resource::HostToDevice(d));
+        assert!(out >= node[x].unwrap().end_s && back.start_s >= out - eps(out));
+        for &c in g.consumers(x) {
+            assert_eq!(
+                p.node_device[c as usize], d,
+                "value {x} used off its device"
+            );
+            // Uses from the reload segment on read the reloaded copy.
+            if i64::from(p.node_segment[c as usize]) >= reload {
+                let start = node[c as usize].unwrap().start_s;
+                assert!(start >= back.end_s - eps(back.end_s), "{c} uses {x} early");
+            }
+        }
+    }
     let t = p.predicted_time_s;
     assert!(p.lower_bound_s <= t + eps(t), "{} > {t}", p.lower_bound_s);
     for (name, f) in &p.busy_fraction {
@@ -314,7 +342,7 @@ fn check_timeline(g: &CostGraph, devices: &[Device], p: &Plan) {
 #[test]
 fn random_graphs_plan_within_budgets() {
     let mut rng = Rng::new(2024);
-    let (mut planned, mut raised) = (0, 0);
+    let (mut planned, mut raised, mut spilled) = (0, 0, 0);
     for case in 0..400 {
         let g = random_graph(&mut rng);
         let mut devices = random_devices(&mut rng);
@@ -323,6 +351,7 @@ fn random_graphs_plan_within_budgets() {
         match plan(&g, &devices, objective, host_compute) {
             Ok(p) => {
                 check(&g, &devices, objective, host_compute, &p);
+                spilled += usize::from(p.value_spilled.contains(&true));
                 if case % 10 == 0 {
                     assert_eq!(plan(&g, &devices, objective, host_compute).unwrap(), p);
                 }
@@ -360,6 +389,7 @@ fn random_graphs_plan_within_budgets() {
         planned > 100 && raised > 50,
         "planned {planned}, raised {raised}"
     );
+    eprintln!("{spilled} of {planned} plans spill");
 }
 
 /// A small random DAG for the exhaustive search: a host input, up to six
@@ -422,4 +452,69 @@ fn planner_matches_the_exhaustive_optimum() {
         }
     }
     assert!(both > 30 && neither > 3, "both {both}, neither {neither}");
+}
+
+/// A chain with long skips: every layer has a weight (so that, streamed,
+/// each is a segment of its own) and some layers also read a value made
+/// several layers earlier.
+fn skip_graph(rng: &mut Rng) -> CostGraph {
+    let mut b = Builder::default();
+    b.input(rng.below(64 * KIB));
+    let n = 6 + rng.below(20) as u32;
+    for v in 1..n {
+        let mut ins = vec![v - 1];
+        if v > 4 && rng.chance(30) {
+            ins.push(1 + rng.below(u64::from(v - 3)) as u32);
+        }
+        b.node(
+            (1 + rng.below(1000)) as f64 * 1e6,
+            1 + rng.below(2048 * KIB),
+            false,
+            &ins,
+        );
+        b.param(1 + rng.below(256 * KIB), &[v]);
+    }
+    b.output(n - 1);
+    b.build()
+}
+
+#[test]
+fn plans_that_spill_keep_their_budgets_and_their_order() {
+    let mut rng = Rng::new(7);
+    let (mut planned, mut spilled) = (0, 0);
+    for case in 0..300 {
+        let g = skip_graph(&mut rng);
+        let mut devices = vec![
+            Device::new("cpu", true, 1e10, 1 << 40, 0.0, 0.0, 1e-6),
+            Device::new(
+                "virtual:0",
+                false,
+                1e9 * (1 + rng.below(1000)) as f64,
+                1024 * KIB + rng.below(6144 * KIB),
+                1e8 * (1 + rng.below(100)) as f64,
+                1e8 * (1 + rng.below(100)) as f64,
+                1e-6,
+            ),
+        ];
+        let host_compute = rng.chance(30);
+        match plan(&g, &devices, Objective::Latency, host_compute) {
+            Ok(p) => {
+                check(&g, &devices, Objective::Latency, host_compute, &p);
+                planned += 1;
+                spilled += usize::from(p.value_spilled.contains(&true));
+            }
+            Err(PlanError::Infeasible { min_budgets, .. }) => {
+                for (name, bytes) in &min_budgets {
+                    let d = devices.iter_mut().find(|d| &d.name == name).unwrap();
+                    d.budget_bytes = *bytes;
+                }
+                let p = plan(&g, &devices, Objective::Latency, host_compute)
+                    .unwrap_or_else(|e| panic!("case {case}: raised budgets still fail: {e}"));
+                check(&g, &devices, Objective::Latency, host_compute, &p);
+            }
+            Err(other) => panic!("case {case}: unexpected {other:?}"),
+        }
+    }
+    eprintln!("{spilled} of {planned} plans spill");
+    assert!(spilled >= 10, "{spilled} of {planned} plans spill");
 }

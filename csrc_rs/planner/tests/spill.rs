@@ -157,3 +157,40 @@ fn the_planner_spills_when_that_is_what_fits() {
     let roomy = plan(&g, &devices(kept), Objective::Latency, false).unwrap();
     assert!(roomy.value_spilled.iter().all(|&s| !s), "{}", roomy.chosen);
 }
+
+#[test]
+fn a_value_used_next_and_much_later_is_reloaded_for_the_later_use() {
+    // The first layer's 32 MiB output feeds the second layer (the next
+    // segment) and the last node: the device holds it for the second
+    // layer, then drops it until the reload for the last node.
+    let mut b = Builder::default();
+    let x = b.input(4 * MIB);
+    let first = b.node(1e10, 32 * MIB, false, &[x]);
+    b.param(16 * MIB, &[first]);
+    let mut prev = first;
+    for out in [4, 48, 4, 4, 4] {
+        prev = b.node(1e10, out * MIB, false, &[prev]);
+        b.param(16 * MIB, &[prev]);
+    }
+    let last = b.node(1e10, MIB, false, &[prev, first]);
+    b.output(last);
+    let g = b.build();
+    let devs = devices(1024 * MIB);
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let kept = simulate(&g, &devs, &nodes, &streamed, 1).unwrap();
+    let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[1]), 1).unwrap();
+    assert_eq!(kept.peak_bytes[1] - sim.peak_bytes[1], 32 * MIB);
+
+    let budget = u64::midpoint(kept.peak_bytes[1], sim.peak_bytes[1]);
+    let p = Planner::new(Objective::Latency)
+        .with_host_compute(false)
+        .run(&g, &devices(budget))
+        .expect("spilling fits");
+    assert!(p.value_spilled[1], "{}", p.chosen);
+    // reloaded after its use by the second layer, before the last node
+    let second = i64::from(p.node_segment[2]);
+    let reload = p.value_reload_segment[1];
+    assert!(second < reload && reload <= i64::from(p.node_segment[last as usize]));
+    assert!(p.peak_bytes[1] <= budget);
+}

@@ -193,11 +193,11 @@ pub struct Plan {
     /// before the first use there); -1 for "at the start of the run" and
     /// for parameters not streamed.
     pub param_issue_segment: Vec<i64>,
-    /// Whether each node's value is spilled to the host between its
-    /// producing segment and its next use (only spillable values are).
+    /// Whether each node's value is spilled to the host across a gap in
+    /// its uses (only spillable values are).
     pub value_spilled: Vec<bool>,
     /// For spilled values, the segment whose start issues the copy back to
-    /// the device; -1 otherwise.
+    /// the device (the uses in it and after read the copy); -1 otherwise.
     pub value_reload_segment: Vec<i64>,
     /// How many segments ahead streamed parameters are prefetched; 0 when
     /// each segment reads its own (a [`SYNC_SUFFIX`] candidate).

@@ -89,10 +89,12 @@ pub(crate) struct StreamSpan {
     pub(crate) issue_segment: Option<u32>,
 }
 
-/// The trip of one spilled value: copied to the host after its producing
-/// segment made it, copied back when `issue_segment` starts (the segment
-/// `depth` places before `first_segment` on the device, always after the
-/// producing one), dropped after `last_segment`.
+/// The trip of one spilled value: copied to the host once made, copied
+/// back when `issue_segment` starts (the segment `depth` places before
+/// `first_segment` on the device, after every earlier use), read from there
+/// by the uses from `first_segment` on and dropped after `last_segment`. The
+/// value as made serves its own segment and the `near_segments` other
+/// segments that use it before `first_segment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SpillSpan {
     pub(crate) node: u32,
@@ -100,6 +102,7 @@ pub(crate) struct SpillSpan {
     pub(crate) first_segment: u32,
     pub(crate) last_segment: u32,
     pub(crate) issue_segment: u32,
+    pub(crate) near_segments: u32,
 }
 
 /// Segments of a placement, plus the streaming spans they imply.
@@ -321,9 +324,11 @@ pub(crate) fn buffer_peak(g: &CostGraph, seg: &Segmentation, device: u32) -> u64
 }
 
 /// The spill of `x`'s value, when it is spillable: made on an accelerator,
-/// not a graph output, used only on that device, and needed again only after
-/// a reload issued later than its producing segment (otherwise the device
-/// would hold it throughout anyway).
+/// not a graph output, used only on that device, with a gap in its uses: a
+/// consuming segment whose reload would be issued after the value's previous
+/// use (otherwise the device would hold it throughout anyway). The uses up
+/// to the gap read the value as made; the first gap's later uses read the
+/// reloaded copy.
 fn spill_span(
     g: &CostGraph,
     pl: &Placement,
@@ -336,24 +341,29 @@ fn spill_span(
         return None;
     }
     let made = node_segment[x];
-    let mut first = u32::MAX;
-    let mut last = 0;
+    let mut uses = Vec::new();
     for &c in g.consumers(x) {
         if pl.node_device[c as usize] != device {
             return None;
         }
-        let at = node_segment[c as usize];
-        if at != made {
-            first = first.min(at);
-            last = last.max(at);
-        }
+        uses.push(node_segment[c as usize]);
     }
-    let issue_segment = issue_of.get(first as usize).copied().flatten()?;
-    (issue_segment > made).then_some(SpillSpan {
-        node: x as u32,
-        device,
-        first_segment: first,
-        last_segment: last,
-        issue_segment,
-    })
+    uses.sort_unstable();
+    uses.dedup();
+    let mut before = made;
+    for (near, &first) in uses.iter().enumerate().filter(|&(_, &s)| s != made) {
+        if let Some(issue_segment) = issue_of[first as usize].filter(|&i| i > before) {
+            return Some(SpillSpan {
+                node: x as u32,
+                device,
+                first_segment: first,
+                last_segment: *uses.last().expect("a use after the gap"),
+                issue_segment,
+                near_segments: u32::try_from(near).expect("segments fit u32")
+                    - u32::from(uses[0] == made),
+            });
+        }
+        before = first;
+    }
+    None
 }

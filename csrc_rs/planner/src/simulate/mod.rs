@@ -21,10 +21,11 @@
 //!   parameter whose home is the host;
 //! * a spilled value (see `Placement`) is copied to the host by the
 //!   device-to-host engine as soon as it is produced; the device copy is
-//!   freed once that copy and the consumers in its own segment are done. It
-//!   is copied back by the host-to-device engine when its reload's issue
-//!   segment starts (the host copy freed once that copy is done) and lives
-//!   there until its last consuming segment ends;
+//!   freed once that copy and its uses before the gap in its uses are done.
+//!   It is copied back by the host-to-device engine when its reload's issue
+//!   segment starts (the host copy freed once that copy is done), serves
+//!   the uses from the gap on, and lives there until its last consuming
+//!   segment ends;
 //! * a value lives on a device from its creation (node start or copy start)
 //!   until its last consumer there is done and its copies out completed. A
 //!   consumer in the producer's own segment is done when it finishes; any
@@ -567,11 +568,13 @@ impl Workspace {
 
         let node_spill = &self.node_spill;
         let spill_inst = &mut self.spill_inst;
+        let spills = &seg.spills;
         // The copy of y's value that a node of segment `sid` on `d` reads:
-        // the reloaded one for a spilled value outside its own segment.
+        // the reloaded one for a spilled value used after its gap.
         let find = |instances: &[Instance], node_inst: &[usize], y: usize, d: u32, sid: u32| {
             let (lo, hi) = (node_inst[y], node_inst[y + 1]);
-            let reload = node_spill[y] != u32::MAX && instances[lo].segment != sid;
+            let k = node_spill[y];
+            let reload = k != u32::MAX && sid >= spills[k as usize].first_segment;
             (lo..hi)
                 .find(|&i| instances[i].device == d && instances[i].reload == reload)
                 .expect("every consumer device of a value receives a copy")
@@ -686,7 +689,7 @@ impl Workspace {
                 remaining: if spill == u32::MAX {
                     releases(dev) + u32::from(is_output && dev != HOST)
                 } else {
-                    same_segment[du]
+                    same_segment[du] + seg.spills[spill as usize].near_segments
                 },
                 floor: finish,
                 keep: is_output && dev == HOST,
@@ -707,7 +710,8 @@ impl Workspace {
                 mem.push(HOST, cs, out, true);
                 instances[lo].floor = ce;
                 spill_inst[spill as usize] = instances.len();
-                for (device, remaining) in [(HOST, 1), (dev, other_segments[du])] {
+                let far = other_segments[du] - seg.spills[spill as usize].near_segments;
+                for (device, remaining) in [(HOST, 1), (dev, far)] {
                     instances.push(Instance {
                         device,
                         bytes: out,
