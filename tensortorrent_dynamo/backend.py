@@ -101,13 +101,23 @@ class Session:
     by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
 
     def resident_bytes(self, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
-        """Bytes held resident per device by the graphs so far, less the parameters named
-        in ``exclude`` (a new graph that uses them shares their copies)."""
+        """Bytes held for good per device by the graphs so far, less the parameters named
+        in ``exclude`` (a new graph that uses them shares them): their resident copies and,
+        on the host, the weights their plans keep in RAM as they are. A model of several
+        graphs thus fits the host budget as a whole, graph by graph."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
         names = {d.name for g in self.graphs for d in g.plan.devices}
-        return {name: runtime.resident_bytes(name, exclude) for name in sorted(names)}
+        held = {name: runtime.resident_bytes(name, exclude) for name in sorted(names)}
+        in_ram = {
+            p.fqn: p.nbytes
+            for g in self.graphs
+            for i, p in enumerate(g.plan.cost.params)
+            if not g.plan.on_disk(i) and p.fqn not in exclude
+        }
+        held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
+        return held
 
     def disk_tier(
         self, plan: GraphPlan, locations: Mapping[str, TensorLocation]

@@ -161,7 +161,8 @@ def plan_graph(
     try:
         return with_homes(homes)
     except PlanInfeasible as exc:
-        host_short = exc.min_budgets.get("cpu", 0) > _host_budget(profile, settings)
+        left = _host_budget(profile, settings) - already_resident.get("cpu", 0)
+        host_short = exc.min_budgets.get("cpu", 0) > left
         if "host" not in homes or not host_short:
             raise
         log.info(

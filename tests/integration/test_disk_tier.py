@@ -362,3 +362,26 @@ def test_a_plan_with_chunked_weights_is_saved_and_reproduced(tmp_path: Path) -> 
     assert reloaded.plan_hashes() == hashes
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), expected)
+
+
+def test_a_model_of_several_graphs_fits_the_host_budget_as_a_whole(tmp_path: Path) -> None:
+    from tests.models import TwoBreaks
+
+    model, x = TwoBreaks(256, depth=4), torch.randn(16, 256)
+    with torch.no_grad():
+        expected = model(x)
+    per_graph = param_bytes(model.a)
+    budget = per_graph * 3 // 2  # one graph's weights fit in RAM, not two
+    compiled = _compile(model, x, tmp_path, budgets={"cpu": budget})
+    graphs = compiled.graphs
+    assert len(graphs) == 3
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
+    # the first graph keeps its weights in RAM; the others plan with what it leaves
+    assert "disk" not in graphs[0].plan.param_home
+    assert all("disk" in g.plan.param_home for g in graphs[1:])
+    in_ram = sum(
+        p.nbytes for g in graphs for i, p in enumerate(g.plan.cost.params) if not g.plan.on_disk(i)
+    )
+    held = in_ram + graphs[0].runtime.resident_bytes("cpu")
+    assert held <= budget, f"{held} bytes held in RAM over a {budget} budget"
