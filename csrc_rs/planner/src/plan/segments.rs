@@ -92,15 +92,14 @@ pub(crate) struct StreamSpan {
 /// The trip of one spilled value: copied to the host once made, copied
 /// back when `issue_segment` starts (the segment `depth` places before
 /// `first_segment` on the device, after every earlier use), read from there
-/// by the uses from `first_segment` on and dropped after `last_segment`. The
-/// value as made serves its own segment and the `near_segments` other
-/// segments that use it before `first_segment`.
+/// by the uses from `first_segment` on. The value as made serves its own
+/// segment and the `near_segments` other segments that use it before
+/// `first_segment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SpillSpan {
     pub(crate) node: u32,
     pub(crate) device: u32,
     pub(crate) first_segment: u32,
-    pub(crate) last_segment: u32,
     pub(crate) issue_segment: u32,
     pub(crate) near_segments: u32,
 }
@@ -357,7 +356,6 @@ fn spill_span(
                 node: x as u32,
                 device,
                 first_segment: first,
-                last_segment: *uses.last().expect("a use after the gap"),
                 issue_segment,
                 near_segments: u32::try_from(near).expect("segments fit u32")
                     - u32::from(uses[0] == made),

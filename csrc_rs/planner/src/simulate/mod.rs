@@ -697,42 +697,22 @@ impl Workspace {
                 pending_in: 0,
                 reload: false,
             });
-            if spill != u32::MAX {
-                // Spillable values are used on their own device only.
-                let copy = out as f64 / devices[du].d2h_bytes_per_s;
-                let (cs, ce) = queues.run(
-                    Resource::DeviceToHost(dev),
-                    finish,
-                    copy,
-                    Activity::Spill,
-                    x as u32,
-                );
-                mem.push(HOST, cs, out, true);
-                instances[lo].floor = ce;
-                spill_inst[spill as usize] = instances.len();
-                let far = other_segments[du] - seg.spills[spill as usize].near_segments;
-                for (device, remaining) in [(HOST, 1), (dev, far)] {
-                    instances.push(Instance {
-                        device,
-                        bytes: out,
-                        ready: if device == HOST { ce } else { f64::INFINITY },
-                        remaining,
-                        floor: ce,
-                        keep: false,
-                        segment: u32::MAX,
-                        pending_in: 0,
-                        reload: device != HOST,
-                    });
-                }
-            }
+            // A copy on the host: for consumers on other devices, or to spill
+            // (spillable values have no other consumers).
+            let spilled = spill != u32::MAX;
             let mut host_copy = None;
-            if dev != HOST && consumer_devices.iter().any(|&cd| cd != dev) {
+            if dev != HOST && (spilled || consumer_devices.iter().any(|&cd| cd != dev)) {
                 let copy = out as f64 / devices[du].d2h_bytes_per_s;
+                let activity = if spilled {
+                    Activity::Spill
+                } else {
+                    Activity::Value
+                };
                 let (cs, ce) = queues.run(
                     Resource::DeviceToHost(dev),
                     finish,
                     copy,
-                    Activity::Value,
+                    activity,
                     x as u32,
                 );
                 mem.push(HOST, cs, out, true);
@@ -742,12 +722,28 @@ impl Workspace {
                     device: HOST,
                     bytes: out,
                     ready: ce,
-                    remaining: releases(HOST),
+                    // a spilled value's host copy is freed by its reload
+                    remaining: if spilled { 1 } else { releases(HOST) },
                     floor: ce,
                     keep: false,
                     segment: u32::MAX,
                     pending_in: 0,
                     reload: false,
+                });
+            }
+            if let (true, Some(host)) = (spilled, host_copy) {
+                spill_inst[spill as usize] = host;
+                // The reloaded copy, ready once its reload is issued.
+                instances.push(Instance {
+                    device: dev,
+                    bytes: out,
+                    ready: f64::INFINITY,
+                    remaining: other_segments[du] - seg.spills[spill as usize].near_segments,
+                    floor: instances[host].floor,
+                    keep: false,
+                    segment: u32::MAX,
+                    pending_in: 0,
+                    reload: true,
                 });
             }
             for &cd in consumer_devices.iter() {
