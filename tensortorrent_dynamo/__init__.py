@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .errors import (
         BudgetParseError,
         CheckpointError,
+        CopyTimeout,
         NativePlannerUnavailable,
         OffloadCorruptError,
         OffloadError,
@@ -44,6 +45,7 @@ _HOME = {
     "load": "api",
     "bind_checkpoint": "homes",
     "CheckpointError": "errors",
+    "CopyTimeout": "errors",
     "OffloadCorruptError": "errors",
     "OffloadError": "errors",
     "PlanFormatError": "errors",
@@ -69,6 +71,7 @@ __all__ = [
     "BudgetParseError",
     "CheckpointError",
     "CompiledModule",
+    "CopyTimeout",
     "CostGraph",
     "NativePlannerUnavailable",
     "OffloadCorruptError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,6 +58,8 @@ class CompiledGraph:
     last_rss_peak: int | None = None
     # the graph with large weights in row chunks that the plan was made for, when it was
     chunks: ChunkedGraph | None = None
+    # held around each call: the graphs of one session share devices, pools and budgets
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
@@ -73,18 +76,25 @@ class CompiledGraph:
                 TensorTorrentWarning,
                 stacklevel=2,
             )
-        self.calls += 1
         if self.chunks is not None:
             args = tuple(self.chunks.expand(args))
-        self.runtime.recorder.restart()
-        if "cpu" in self.settings.budgets or self.runtime.disk is not None:
-            with RssSampler() as rss, torch.no_grad():
-                out = self.module(*args)
-            self.last_rss_peak = rss.peak
-        else:
-            with torch.no_grad():
-                out = self.module(*args)
-        self.last_call_s = self.runtime.recorder.now()
+        # One call at a time per session: a call takes the plan's buffers and budgets whole,
+        # so a second thread waits for it rather than both running over the budget.
+        with self.lock:
+            self.calls += 1
+            self.runtime.begin_call()
+            try:
+                if "cpu" in self.settings.budgets or self.runtime.disk is not None:
+                    with RssSampler() as rss, torch.no_grad():
+                        out = self.module(*args)
+                    self.last_rss_peak = rss.peak
+                else:
+                    with torch.no_grad():
+                        out = self.module(*args)
+            except BaseException:
+                self.runtime.abandon()
+                raise
+            self.last_call_s = self.runtime.recorder.now()
         return out
 
 
@@ -99,6 +109,8 @@ class Session:
     resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
     # (hash of the graph's code, hash of its costs) -> the graph compiled from it
     by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
+    # one call of one of the session's graphs at a time
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def resident_bytes(self, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
         """Bytes held for good per device by the graphs so far, less the parameters named
@@ -136,8 +148,13 @@ class Session:
                 d.startswith("cuda") for d in self.settings.devices or ["cuda"]
             )
             pool = HostBufferPool(pin=pin, max_idle_bytes=0)
-            self.disk = DiskTier(locations={}, reader=DiskReader(pool), pool=pool)
-        self.disk.locations.update(locations)
+            self.disk = DiskTier(
+                locations={},
+                reader=DiskReader(pool),
+                pool=pool,
+                timeout_s=self.settings.io_timeout_s,
+            )
+        self.disk.add(locations)
         streamed = [
             p.nbytes
             for i, p in enumerate(plan.cost.params)
@@ -211,7 +228,7 @@ class TensorTorrentBackend:
         key = settings.fingerprint()
         if key not in self.sessions:
             virtual = {
-                name: VirtualDevice(name, spec.capacity_bytes)
+                name: VirtualDevice(name, spec.capacity_bytes, settings.io_timeout_s)
                 for name, spec in settings.virtual_devices.items()
             }
             self.sessions[key] = Session(settings=settings, virtual=virtual)
@@ -295,7 +312,7 @@ class TensorTorrentBackend:
         if torch.cuda.is_available():
             pin_streamed_weights(plan, inputs)
         disk = session.disk_tier(plan, locations)
-        runtime = Runtime(session.virtual, disk, session.resident)
+        runtime = Runtime(session.virtual, disk, session.resident, settings.io_timeout_s)
         rewritten = rewrite(gm, plan, runtime)
         _make_resident(plan, runtime, inputs)
         compilers = compile_segments(rewritten, runtime, settings)
@@ -311,6 +328,7 @@ class TensorTorrentBackend:
             settings=settings,
             profile=profile,
             chunks=chunked,
+            lock=session.lock,
         )
         session.graphs.append(compiled)
         session.by_source[source] = compiled

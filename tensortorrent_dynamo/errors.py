@@ -88,6 +88,10 @@ class OffloadCorruptError(OffloadError):
         self.keys: list[str] = list(keys)
 
 
+class CopyTimeout(TensorTorrentError, TimeoutError):
+    """A read from disk or a copy between devices did not finish within ``io_timeout_s``."""
+
+
 class CheckpointError(TensorTorrentError):
     """A checkpoint file is missing, truncated or malformed, or holds a dtype we cannot read."""
 

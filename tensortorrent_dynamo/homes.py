@@ -35,7 +35,7 @@ import torch
 
 from .cost_graph import CostGraph
 from .errors import CheckpointError
-from .offload import OffloadStore, TensorLocation, safetensors_locations
+from .offload import FileGuard, OffloadStore, TensorLocation, safetensors_locations
 from .plan import GraphPlan
 from .profile.cache import default_offload_dir
 from .settings import Settings
@@ -87,7 +87,7 @@ def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int
     Raises :class:`CheckpointError` when a meta tensor is missing from the file or differs
     from it in shape or dtype.
     """
-    locations = safetensors_locations(path)
+    locations = _guarded(safetensors_locations(path), Path(os.path.abspath(path)))
     bound = 0
     seen: dict[int, torch.Tensor] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
@@ -105,6 +105,22 @@ def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int
                 bound += 1
     log.info("bound %d meta tensors of the model to %s", bound, path)
     return bound
+
+
+def _guarded(locations: dict[str, TensorLocation], path: Path) -> dict[str, TensorLocation]:
+    """The checkpoint's locations, each read verified from then on: its blocks' checksums are
+    recorded at their first read, and the file must keep the size and modification time it
+    has now."""
+    guard = FileGuard(
+        path,
+        {key: (loc.offset, loc.nbytes, None) for key, loc in locations.items()},
+        source="checkpoint",
+        advice=(
+            "The model's weights are read from this file on every call: restore it, or build "
+            "the model on the meta device again and compile it with the checkpoint as it is now"
+        ),
+    )
+    return guard.locate(locations)
 
 
 def _find(

@@ -26,12 +26,13 @@ import concurrent.futures
 import dataclasses
 import math
 import os
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import torch
@@ -39,9 +40,27 @@ import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .errors import VirtualDeviceOutOfMemory
-from .offload import DiskReader, HostBufferPool, TensorLocation
+from .errors import CopyTimeout, VirtualDeviceOutOfMemory
+from .offload import DiskReader, FileGuard, HostBufferPool, ReadResult, TensorLocation
 from .units import format_bytes
+
+T = TypeVar("T")
+
+# How long a wait for a read or a copy may take before the call is abandoned with an error
+# naming it (``Settings.io_timeout_s`` sets it per session).
+DEFAULT_IO_TIMEOUT_S = 300.0
+
+
+def _result(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:
+    """``future``'s result; :class:`CopyTimeout` naming ``what`` when it takes too long."""
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise CopyTimeout(
+            f"{what} has not finished after {timeout_s:g} s: the disk, its file system or the "
+            "copy engine stopped answering (a failing disk, a hung network mount). The call "
+            "was abandoned; if the disk is only slow, raise the option io_timeout_s"
+        ) from None
 
 
 class MemoryLedger:
@@ -149,9 +168,10 @@ class RssSampler:
 class VirtualDevice:
     """A CPU-backed accelerator with its own ledger and a copy engine thread."""
 
-    def __init__(self, name: str, capacity: int) -> None:
+    def __init__(self, name: str, capacity: int, timeout_s: float = DEFAULT_IO_TIMEOUT_S) -> None:
         self.name = name
         self.ledger = MemoryLedger(name, capacity)
+        self.timeout_s = timeout_s
         # storage data_ptr -> [nbytes, number of live tensors using it]
         self._storages: dict[int, list[int]] = {}
         self._tensors: dict[int, Any] = {}
@@ -255,16 +275,20 @@ class VirtualDevice:
         buffer = self.take(like, what)
 
         def copy() -> None:
-            data = source()
-            start = recorder.now()
-            buffer.copy_(data)
-            recorder.add(f"h2d {self.name}", "prefetch", what, start)
-            if after is not None:
-                after()
+            try:
+                data = source()
+                start = recorder.now()
+                buffer.copy_(data)
+                recorder.add(f"h2d {self.name}", "prefetch", what, start)
+            finally:
+                if after is not None:
+                    after()
 
         future = self._copy_engine.submit(copy)
+        wait = f"the copy of {what} to {self.name}"
         return PrefetchHandle(
-            finish=lambda: (future.result(), buffer)[1], release=lambda: self.give(buffer)
+            finish=lambda: (_result(future, self.timeout_s, wait), buffer)[1],
+            release=lambda: self.give(buffer),
         )
 
     def copy_out_async(self, tensor: torch.Tensor, what: str, recorder: Recorder) -> PrefetchHandle:
@@ -277,7 +301,9 @@ class VirtualDevice:
             recorder.add(f"d2h {self.name}", "spill", what, start)
             return host
 
-        return PrefetchHandle(finish=self._copy_out_engine.submit(copy).result)
+        future = self._copy_out_engine.submit(copy)
+        wait = f"the spill of {what} from {self.name}"
+        return PrefetchHandle(finish=lambda: _result(future, self.timeout_s, wait))
 
     def copy_in_later(
         self, source: Callable[[], torch.Tensor], what: str, recorder: Recorder
@@ -292,7 +318,9 @@ class VirtualDevice:
             recorder.add(f"h2d {self.name}", "reload", what, start)
             return buffer
 
-        return PrefetchHandle(finish=self._copy_engine.submit(copy).result)
+        future = self._copy_engine.submit(copy)
+        wait = f"the reload of {what} to {self.name}"
+        return PrefetchHandle(finish=lambda: _result(future, self.timeout_s, wait))
 
     @contextmanager
     def executing(self) -> Iterator[None]:
@@ -348,6 +376,17 @@ class PrefetchHandle:
             self._release()
             self._release = None
 
+    def abandon(self) -> None:
+        """After a failed call: wait for the copy and hand its buffer back. A copy that
+        failed as well keeps its error to itself (the call's error is the one raised); a
+        buffer whose copy did not finish is not handed back (it is freed once the copy
+        lets go of it)."""
+        try:
+            self.release()
+        except Exception:
+            self._finish = None
+            self._release = None
+
 
 @dataclasses.dataclass
 class DiskTier:
@@ -357,11 +396,37 @@ class DiskTier:
     locations: dict[str, TensorLocation]
     reader: DiskReader
     pool: HostBufferPool
+    timeout_s: float = DEFAULT_IO_TIMEOUT_S
+    # the guards of the files ``locations`` are in, each once
+    guards: list[FileGuard] = dataclasses.field(default_factory=list)
+
+    def add(self, locations: Mapping[str, TensorLocation]) -> None:
+        """Know where ``locations`` are too."""
+        self.locations.update(locations)
+        for location in locations.values():
+            guard = location.guard
+            if guard is not None and all(guard is not g for g in self.guards):
+                self.guards.append(guard)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`OffloadCorruptError` when a file the weights are read from was
+        deleted, replaced or written since it was planned with (one ``stat`` per file)."""
+        for guard in self.guards:
+            guard.check_unchanged()
+
+    def read(self, key: str) -> concurrent.futures.Future[ReadResult]:
+        """Start reading the parameter ``key`` into a pooled host buffer."""
+        return self.reader.submit(self.locations[key])
+
+    def landed(self, key: str, read: concurrent.futures.Future[ReadResult]) -> ReadResult:
+        """The finished read ``read`` of ``key``; :class:`CopyTimeout` when it is stuck."""
+        location = self.locations[key]
+        return _result(read, self.timeout_s, f"reading {key!r} from {location.path}")
 
     def read_now(self, key: str) -> torch.Tensor:
         """The parameter ``key`` read into a host tensor of its own, of its exact size (the
         pooled read buffer, aligned and padded for ``O_DIRECT``, goes back to the pool)."""
-        read = self.reader.submit(self.locations[key]).result()
+        read = self.landed(key, self.read(key))
         tensor = read.tensor.clone()
         self.pool.give(read.buffer)
         return tensor
@@ -401,16 +466,39 @@ class Runtime(torch.nn.Module):
         virtual: dict[str, VirtualDevice],
         disk: DiskTier | None = None,
         resident: ResidentCopies | None = None,
+        timeout_s: float = DEFAULT_IO_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.virtual = virtual
         self.disk = disk
+        self.timeout_s = timeout_s
+        # the handles of the call in progress, so that a failed call hands their buffers back
+        self._handles: list[PrefetchHandle] = []
         # shared by the graphs of one session: a weight two graphs use is held once
         self.resident = resident if resident is not None else ResidentCopies()
         self._cuda_copy_streams: dict[str, torch.cuda.Stream] = {}
         self._cuda_copy_engines: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._cuda_copy_out_streams: dict[str, torch.cuda.Stream] = {}
         self.recorder = Recorder()
+
+    def begin_call(self) -> None:
+        """Start a call: check that the files weights are read from are as planned, and
+        restart the measured spans."""
+        if self.disk is not None:
+            self.disk.check_unchanged()
+        self._handles.clear()
+        self.recorder.restart()
+
+    def abandon(self) -> None:
+        """After an exception in a call: wait for every copy the call started and hand its
+        buffer back, so the next call starts from a clean state."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.abandon()
+
+    def _track(self, handle: PrefetchHandle) -> PrefetchHandle:
+        self._handles.append(handle)
+        return handle
 
     def owner(self, tensor: torch.Tensor) -> str:
         """The device ``tensor`` is held by (a virtual device, or its torch device)."""
@@ -469,6 +557,9 @@ class Runtime(torch.nn.Module):
     def prefetch(self, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
         """Start bringing a streamed parameter to ``device``: from disk when its home is
         disk, else from host RAM; returns at once."""
+        return self._track(self._prefetch(param, key, device))
+
+    def _prefetch(self, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
         what = f"streamed {key}"
         location = self._disk_location(key)
         if location is None:
@@ -476,14 +567,16 @@ class Runtime(torch.nn.Module):
         assert self.disk is not None
         disk = self.disk
         start = self.recorder.now()
-        read = disk.reader.submit(location)
+        read = disk.read(key)
         read.add_done_callback(lambda _: self.recorder.add("disk->cpu", "read", what, start))
 
         def landed() -> torch.Tensor:
-            return read.result().tensor
+            return disk.landed(key, read).tensor
 
         def give_back() -> None:
-            disk.pool.give(read.result().buffer)
+            # a failed read gave its buffer back itself; a stuck one keeps it
+            if read.done() and read.exception() is None:
+                disk.pool.give(read.result().buffer)
 
         if device == "cpu":
             return PrefetchHandle(finish=landed, release=give_back)
@@ -515,22 +608,25 @@ class Runtime(torch.nn.Module):
             )
 
         def copy() -> tuple[torch.Tensor, torch.cuda.Event]:
-            data = source()
-            start = self.recorder.now()
-            with torch.cuda.stream(stream):
-                buffer = data.to(device, non_blocking=True)
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
-            if after is not None:
-                event.synchronize()  # the host buffer goes back to its pool: the copy must be done
-                self.recorder.add(f"h2d {device}", "prefetch", what, start)
-                after()
+            try:
+                data = source()
+                start = self.recorder.now()
+                with torch.cuda.stream(stream):
+                    buffer = data.to(device, non_blocking=True)
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(stream)
+                if after is not None:
+                    event.synchronize()  # the host buffer goes back to its pool: copy first
+                    self.recorder.add(f"h2d {device}", "prefetch", what, start)
+            finally:
+                if after is not None:
+                    after()
             return buffer, event
 
         future = self._cuda_copy_engines[device].submit(copy)
 
         def finish() -> torch.Tensor:
-            buffer, event = future.result()
+            buffer, event = _result(future, self.timeout_s, f"the copy of {what} to {device}")
             current = torch.cuda.current_stream(device)
             current.wait_event(event)
             buffer.record_stream(current)
@@ -543,9 +639,9 @@ class Runtime(torch.nn.Module):
         result is the host copy."""
         device = self.owner(value)
         if device in self.virtual:
-            return self.virtual[device].copy_out_async(value, what, self.recorder)
+            return self._track(self.virtual[device].copy_out_async(value, what, self.recorder))
         if value.device.type == "cuda":
-            return self._spill_cuda(value, what)
+            return self._track(self._spill_cuda(value, what))
         return PrefetchHandle(finish=lambda: value)  # already in host memory
 
     def _spill_cuda(self, value: torch.Tensor, what: str) -> PrefetchHandle:
@@ -577,9 +673,11 @@ class Runtime(torch.nn.Module):
         """Start copying a spilled activation back to ``device`` once its spill landed;
         returns at once."""
         if device in self.virtual:
-            return self.virtual[device].copy_in_later(spilled.result, what, self.recorder)
+            return self._track(
+                self.virtual[device].copy_in_later(spilled.result, what, self.recorder)
+            )
         if device.startswith("cuda"):
-            return self._prefetch_cuda(spilled.result, device, what)
+            return self._track(self._prefetch_cuda(spilled.result, device, what))
         return spilled
 
 
@@ -664,10 +762,15 @@ class Segment(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         start = self.recorder.now()
         fn = self.eager_fn if self.use_eager else self.fn
-        if self.virtual is None:
-            out = fn(*args)
-        else:
-            with self.virtual.executing():
+        try:
+            if self.virtual is None:
                 out = fn(*args)
+            else:
+                with self.virtual.executing():
+                    out = fn(*args)
+        except Exception as exc:
+            if sys.version_info >= (3, 11):
+                exc.add_note(f"in TensorTorrent segment {self.name} on {self.device}")
+            raise
         self.recorder.add(f"compute {self.device}", "segment", self.name, start)
         return out

@@ -92,6 +92,9 @@ class Settings:
             as the weight of linear layers, are split into row chunks of at most this size,
             each planned (kept in RAM or read each run) on its own (``chunking.py``); 0
             turns it off.
+        io_timeout_s: how long a call waits for one read from disk or one copy between
+            devices before it gives up with an error naming it (a hung disk must not hang
+            the caller).
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -106,6 +109,7 @@ class Settings:
     offload_dir: str | None = None
     checkpoint: str | None = None
     stream_chunk_bytes: int = DEFAULT_STREAM_CHUNK_BYTES
+    io_timeout_s: float = 300.0
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -133,6 +137,7 @@ class Settings:
             "offload_dir": self.offload_dir,
             "checkpoint": self.checkpoint,
             "stream_chunk_bytes": self.stream_chunk_bytes,
+            "io_timeout_s": self.io_timeout_s,
         }
 
 
@@ -151,6 +156,7 @@ OPTION_HELP: dict[str, str] = {
         "size, e.g. '16MiB' (the default): weights read from disk are split into row chunks "
         "of at most this size; 0 turns it off"
     ),
+    "io_timeout_s": "seconds a call waits for one disk read or copy before failing (default 300)",
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
         f"default 'auto' or ${PROFILE_ENV}"
@@ -292,7 +298,14 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
         merged.get("stream_chunk_bytes", DEFAULT_STREAM_CHUNK_BYTES), "option 'stream_chunk_bytes'"
     )
 
+    io_timeout_s = merged.get("io_timeout_s", Settings.io_timeout_s)
+    if isinstance(io_timeout_s, bool) or not isinstance(io_timeout_s, (int, float)):
+        raise OptionsError(f"option 'io_timeout_s': expected seconds > 0, got {io_timeout_s!r}")
+    if not io_timeout_s > 0:
+        raise OptionsError(f"option 'io_timeout_s': expected seconds > 0, got {io_timeout_s!r}")
+
     return Settings(
+        io_timeout_s=float(io_timeout_s),
         offload_dir=offload_dir,
         checkpoint=checkpoint,
         stream_chunk_bytes=stream_chunk_bytes,

@@ -92,11 +92,11 @@ def load_profile_file(path: Path) -> HostProfile:
     Raises :class:`OptionsError` when the file cannot be read or is not a profile.
     """
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise OptionsError(f"option 'profile': cannot read {path} ({exc.strerror})") from None
-    try:
-        profile = HostProfile.from_json(text, source=str(path))
+    try:  # UnicodeDecodeError is a ValueError too
+        profile = HostProfile.from_json(raw.decode(), source=str(path))
     except ValueError as exc:
         raise OptionsError(
             f"option 'profile': {path} is not a TensorTorrent host profile ({exc}); write one "
@@ -169,13 +169,29 @@ def _virtual_devices(settings: Settings) -> list[DeviceProfile]:
     return devices
 
 
+def check_devices_exist(settings: Settings) -> None:
+    """Raise :class:`OptionsError` when ``budgets`` or ``devices`` names a device that this
+    machine does not have (virtual accelerators exist by being declared)."""
+    present = ["cpu", *detect_cuda_devices(), *sorted(settings.virtual_devices)]
+    for option, names in (("budgets", settings.budgets), ("devices", settings.devices or ())):
+        absent = [name for name in names if name not in present]
+        if absent:
+            raise OptionsError(
+                f"option {option!r} names {', '.join(map(repr, absent))}, which this machine "
+                f"does not have; the devices here are {', '.join(map(repr, present))}. A "
+                "virtual accelerator ('virtual:N') is declared by giving it a budget"
+            )
+
+
 def host_profile(settings: Settings) -> HostProfile:
     """Build the profile the planner uses for ``settings`` (host first, then CUDA, then virtual).
 
     ``settings.profile`` picks the figures: ``"auto"`` (cached measurements, measured on
     first use), ``"nominal"`` (built-in rates) or the path of a profile file. Virtual
-    devices are declared by the settings, never measured.
+    devices are declared by the settings, never measured. Raises :class:`OptionsError` when
+    the settings name a device this machine does not have.
     """
+    check_devices_exist(settings)
     if settings.profile == "nominal":
         base = nominal_profile()
     elif settings.profile == "auto":

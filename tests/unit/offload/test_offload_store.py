@@ -73,7 +73,7 @@ def test_round_trip_in_shards_that_safetensors_reads(tmp_path: Path) -> None:
     loaded = {k: v for f in files for k, v in safetensors.torch.load_file(f).items()}
     assert all(torch.equal(loaded[k], t) for k, t in weights.items())
     manifest = json.loads((store.directory / "manifest.json").read_text())
-    assert manifest["format"] == "tensortorrent-offload/1" and manifest["checksum"] == "crc32"
+    assert manifest["format"] == "tensortorrent-offload/2" and manifest["checksum"] == "crc32c"
 
 
 def test_a_tensor_larger_than_a_shard_gets_its_own(tmp_path: Path) -> None:
