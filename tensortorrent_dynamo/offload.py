@@ -787,24 +787,24 @@ class DiskReader:
 
     def _read_into(self, job: _Job, start: int, stop: int) -> None:
         """Read bytes ``[start, stop)`` of the job's file into its buffer, or raise."""
-        if self.before_read is not None:
-            self.before_read(job.loc)
         view = job.buffer.numpy().data[start - job.file_start : stop - job.file_start]
         got = 0
-        while got < len(view):
-            try:
+        try:
+            if self.before_read is not None:
+                self.before_read(job.loc)
+            while got < len(view):
                 n = os.preadv(job.file.fd, [view[got:]], start + got)
-            except OSError as exc:
-                raise OffloadError(
-                    f"reading {job.loc.key!r} from {job.loc.path} at byte {start + got} "
-                    f"failed: {exc.strerror or exc} (errno {exc.errno}); the disk or its file "
-                    "system reports an error"
-                ) from exc
-            if n == 0:
-                break
-            got += n
-            if job.file.direct and got % PAGE_BYTES:
-                break  # O_DIRECT stops short of a page only at the end of the file
+                if n == 0:
+                    break
+                got += n
+                if job.file.direct and got % PAGE_BYTES:
+                    break  # O_DIRECT stops short of a page only at the end of the file
+        except OSError as exc:
+            raise OffloadError(
+                f"reading {job.loc.key!r} from {job.loc.path} at byte {start + got} failed: "
+                f"{exc.strerror or exc} (errno {exc.errno}); the disk or its file system "
+                "reports an error"
+            ) from exc
         end = job.loc.offset + job.loc.nbytes
         if got < min(stop, end) - start:
             raise OffloadError(
