@@ -97,9 +97,11 @@ def test_a_damaged_shard_is_never_computed_on(tmp_path: Path) -> None:
     loc = _streamed_location(compiled)
     # 4 KiB near the end of a streamed weight, the file's time kept: only checksums see it
     _overwrite(loc.path, loc.offset + loc.nbytes - 5000, os.urandom(4096), keep_mtime=True)
-    with pytest.raises(tt.OffloadCorruptError, match="fail their checksum") as raised:
-        with torch.no_grad():
-            compiled(x)
+    with (
+        pytest.raises(tt.OffloadCorruptError, match="fail their checksum") as raised,
+        torch.no_grad(),
+    ):
+        compiled(x)
     message = str(raised.value)
     assert str(loc.path) in message and repr(loc.key) in message and "delete" in message
     assert loc.key in raised.value.keys
@@ -110,7 +112,7 @@ def test_a_damaged_shard_is_never_computed_on(tmp_path: Path) -> None:
 
 
 def test_a_shard_written_since_planning_is_refused_before_any_read(tmp_path: Path) -> None:
-    compiled, x, expected = _streamed_from_disk(tmp_path)
+    compiled, x, _ = _streamed_from_disk(tmp_path)
     loc = _streamed_location(compiled)
     _overwrite(loc.path, loc.offset, b"\0" * 16, keep_mtime=False)
     before = _disk(compiled).reader.bytes_read
@@ -294,9 +296,9 @@ def test_a_stuck_read_times_out_naming_it(tmp_path: Path) -> None:
     release = threading.Event()
     disk.reader.before_read = lambda loc: release.wait(10) and None
     started = time.perf_counter()
-    with pytest.raises(tt.CopyTimeout, match="reading '.*' from .* has not finished"):
-        with torch.no_grad():
-            compiled(x)
+    stuck = r"reading '.*' from .* has not finished"
+    with pytest.raises(tt.CopyTimeout, match=stuck), torch.no_grad():
+        compiled(x)
     assert time.perf_counter() - started < 8, "the caller did not hang on the read"
     disk.reader.before_read = None
     release.set()
