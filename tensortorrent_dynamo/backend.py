@@ -91,8 +91,8 @@ class CompiledGraph:
                 else:
                     with torch.no_grad():
                         out = self.module(*args)
-            except BaseException:
-                self.runtime.abandon()
+            except BaseException as exc:
+                self.runtime.abandon(exc)
                 raise
             self.last_call_s = self.runtime.recorder.now()
         return out

@@ -273,21 +273,34 @@ class FileGuard:
         last = origin + _round_up(loc.offset + loc.nbytes - origin, VERIFY_BLOCK_BYTES)
         return first, min(last, origin + nbytes)
 
-    def verify(self, loc: TensorLocation, data: memoryview, start: int) -> list[int]:
-        """Check ``data`` (the file's bytes from offset ``start``, covering :meth:`span` of
-        ``loc``) block by block; returns the indices of the blocks that fail. A block seen
-        for the first time is recorded."""
+    def blocks(self, loc: TensorLocation, low: int = 0, high: int | None = None) -> list[int]:
+        """The indices of the blocks :meth:`span` of ``loc`` covers that lie wholly inside
+        the file range ``[low, high)`` (default: all of them)."""
         origin, _ = self._spans[loc.key]
         first, last = self.span(loc)
+        return [
+            (start - origin) // VERIFY_BLOCK_BYTES
+            for start in range(first, last, VERIFY_BLOCK_BYTES)
+            if start >= low and (high is None or min(start + VERIFY_BLOCK_BYTES, last) <= high)
+        ]
+
+    def verify(
+        self, loc: TensorLocation, data: memoryview, start: int, blocks: Iterable[int]
+    ) -> list[int]:
+        """Check the blocks ``blocks`` of ``loc``'s tensor in ``data`` (the file's bytes from
+        offset ``start``); returns the indices of those that fail. A block seen for the
+        first time is recorded."""
+        origin, nbytes = self._spans[loc.key]
+        end = origin + nbytes
         got = []
-        for block_start in range(first, last, VERIFY_BLOCK_BYTES):
-            block_end = min(block_start + VERIFY_BLOCK_BYTES, last)
-            got.append(checksum(data[block_start - start : block_end - start]))
-        index = (first - origin) // VERIFY_BLOCK_BYTES
+        for i in blocks:
+            low = origin + i * VERIFY_BLOCK_BYTES
+            high = min(low + VERIFY_BLOCK_BYTES, end)
+            got.append((i, checksum(data[low - start : high - start])))
         bad = []
         with self._lock:
             known = self._sums[loc.key]
-            for i, value in enumerate(got, start=index):
+            for i, value in got:
                 if known[i] is None:
                     known[i] = value
                 elif known[i] != value:
@@ -593,6 +606,9 @@ class _Job:
         self.lock = threading.Lock()
         self.remaining = 0
         self.error: BaseException | None = None
+        # checksum blocks not checked yet (each request checks those inside it) and failed
+        self.unchecked = set(loc.guard.blocks(loc)) if loc.guard is not None else set()
+        self.bad: list[int] = []
 
 
 def _open_direct(path: Path) -> int | None:
@@ -776,6 +792,13 @@ class DiskReader:
         """Read bytes ``[start, stop)`` of the job's file into its buffer (one chunk)."""
         try:
             self._read_into(job, start, stop)
+            if job.loc.guard is not None:
+                # checked here, on the thread that read them, while the other requests read
+                blocks = job.loc.guard.blocks(job.loc, start, stop)
+                bad = self._check(job, blocks)
+                with job.lock:
+                    job.unchecked.difference_update(blocks)
+                    job.bad += bad
         except BaseException as exc:
             with job.lock:
                 job.error = job.error or exc
@@ -816,14 +839,23 @@ class DiskReader:
             first = start // PAGE_BYTES * PAGE_BYTES
             _drop_from_page_cache(job.file.fd, first, _round_up(start + got, PAGE_BYTES) - first)
 
+    def _check(self, job: _Job, blocks: Iterable[int]) -> list[int]:
+        """Check ``blocks`` of a guarded job's buffer; the indices of those that fail."""
+        assert job.loc.guard is not None
+        begin = time.perf_counter()
+        bad = job.loc.guard.verify(job.loc, job.buffer.numpy().data, job.file_start, blocks)
+        with self._lock:
+            self._verify_s += time.perf_counter() - begin
+        return bad
+
     def _verified(self, job: _Job) -> None:
-        """Check a guarded job's bytes; on a mismatch read them once more (on this thread)
-        and check again; raise :class:`OffloadCorruptError` if they still fail."""
+        """Check the blocks of a guarded job that no request could check alone (those
+        across two requests); on any mismatch read the whole range once more (on this
+        thread) and check it all again; raise :class:`OffloadCorruptError` if it still
+        fails."""
         guard = job.loc.guard
         assert guard is not None
-        begin = time.perf_counter()
-        data = job.buffer.numpy().data
-        bad = guard.verify(job.loc, data, job.file_start)
+        bad = job.bad + self._check(job, sorted(job.unchecked))
         if bad:
             log.warning(
                 "offload: %r from %s failed its checksum; reading it again",
@@ -831,11 +863,9 @@ class DiskReader:
                 job.loc.path,
             )
             self._read_into(job, job.file_start, job.file_stop)
-            bad = guard.verify(job.loc, data, job.file_start)
-        with self._lock:
-            self._verify_s += time.perf_counter() - begin
+            bad = self._check(job, guard.blocks(job.loc))
         if bad:
-            raise guard.corrupt_error(job.loc, bad)
+            raise guard.corrupt_error(job.loc, sorted(bad))
 
     def _complete(self, job: _Job) -> None:
         """Resolve the job's future once every chunk is in (and verified, when guarded)."""

@@ -376,16 +376,18 @@ class PrefetchHandle:
             self._release()
             self._release = None
 
-    def abandon(self) -> None:
-        """After a failed call: wait for the copy and hand its buffer back. A copy that
-        failed as well keeps its error to itself (the call's error is the one raised); a
-        buffer whose copy did not finish is not handed back (it is freed once the copy
-        lets go of it)."""
+    def abandon(self, wait: bool) -> None:
+        """After a failed call: with ``wait``, wait for the copy and hand its buffer back. A
+        copy that failed as well keeps its error to itself (the call's error is the one
+        raised); a buffer whose copy did not finish (or was not waited for) is not handed
+        back, and is freed once the copy lets go of it."""
         try:
-            self.release()
+            if wait:
+                self.release()
         except Exception:
-            self._finish = None
-            self._release = None
+            pass
+        self._finish = None
+        self._release = None
 
 
 @dataclasses.dataclass
@@ -489,12 +491,13 @@ class Runtime(torch.nn.Module):
         self._handles.clear()
         self.recorder.restart()
 
-    def abandon(self) -> None:
-        """After an exception in a call: wait for every copy the call started and hand its
-        buffer back, so the next call starts from a clean state."""
+    def abandon(self, error: BaseException) -> None:
+        """After ``error`` in a call: wait for every copy the call started and hand its
+        buffer back, so the next call starts from a clean state; after a wait that timed
+        out, drop them instead (waiting again could hang the caller on the stuck copy)."""
         handles, self._handles = self._handles, []
         for handle in handles:
-            handle.abandon()
+            handle.abandon(wait=not isinstance(error, CopyTimeout))
 
     def _track(self, handle: PrefetchHandle) -> PrefetchHandle:
         self._handles.append(handle)

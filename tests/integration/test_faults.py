@@ -299,7 +299,7 @@ def test_a_stuck_read_times_out_naming_it(tmp_path: Path) -> None:
     stuck = r"reading '.*' from .* has not finished"
     with pytest.raises(tt.CopyTimeout, match=stuck), torch.no_grad():
         compiled(x)
-    assert time.perf_counter() - started < 8, "the caller did not hang on the read"
+    assert time.perf_counter() - started < 5, "the caller did not hang on the read"
     disk.reader.before_read = None
     release.set()
     with torch.no_grad():

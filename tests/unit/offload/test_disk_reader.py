@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from tensortorrent_dynamo.errors import OffloadError
+from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
 from tensortorrent_dynamo.offload import (
     DiskReader,
+    FileGuard,
     HostBufferPool,
     TensorLocation,
     write_safetensors,
@@ -230,3 +232,30 @@ def test_one_read_is_shared_by_every_thread(
         requests.clear()
         reader.submit(span(path, 0, 64 * 1024)).result()
         assert requests == [64 * 1024], "a small read stays one request"
+
+
+@pytest.mark.parametrize("direct", [None, False])
+def test_a_guarded_read_is_verified_wherever_the_damage_is(tmp_path: Path, direct: Any) -> None:
+    """Requests check the blocks inside them and the completing thread those across two
+    requests: a flipped byte anywhere in a tensor (or a row chunk of it) fails its read,
+    and an intact tensor reads back exactly, checksums recorded at the first read."""
+    origin, nbytes = 1000, 3 * 2**20 + 24  # not page-aligned: blocks straddle the requests
+    path, data = raw_file(tmp_path, origin + nbytes + 500)
+    whole = span(path, origin, nbytes)
+    guard = FileGuard(path, {"t": (origin, nbytes, None)}, source="test file", advice="fix it")
+    whole = guard.locate({"t": whole})["t"]
+    chunk = dataclasses.replace(whole, offset=origin + 2**20 + 8, nbytes=2**20, shape=(2**20,))
+    with DiskReader(HostBufferPool(), threads=4, direct=direct) as reader:
+        for loc in (whole, chunk):
+            got = reader.submit(loc).result()
+            assert got.tensor.numpy().tobytes() == data[loc.offset : loc.offset + loc.nbytes]
+            reader.pool.give(got.buffer)
+        for position in (0, 2**20 - origin % 2**20, 2**20 + 9, nbytes - 1):
+            damaged = bytearray(data)
+            damaged[origin + position] ^= 0x01
+            path.write_bytes(bytes(damaged))
+            with pytest.raises(OffloadCorruptError, match="fail their checksum"):
+                reader.submit(whole).result()
+            path.write_bytes(data)
+        assert reader.verify_seconds > 0
+        assert not reader.pool._lent
