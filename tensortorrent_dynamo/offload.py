@@ -75,6 +75,10 @@ CHECKSUM = "crc32c"
 # so that a read of part of a tensor (a row chunk) is verified without the rest: the read is
 # widened to whole blocks (nothing for a whole tensor or a chunk on a block boundary).
 VERIFY_BLOCK_BYTES = 256 * 2**10
+# threads that check what the reader threads read: one checks at 10 GiB/s, far above the disk,
+# and leaves the other core of a 2-core host to compute (two cost 6% at batch 256 of
+# bench.ram_offload, one nothing measurable; bench/verify_cost.py)
+VERIFY_THREADS = 1
 # Reads of this size split across the reader's threads; see DiskReader for the figures.
 DEFAULT_CHUNK_BYTES = 16 * 2**20
 DEFAULT_READ_THREADS = 4
@@ -672,6 +676,9 @@ class DiskReader:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="tensortorrent-disk"
         )
+        self._verifier = concurrent.futures.ThreadPoolExecutor(
+            max_workers=VERIFY_THREADS, thread_name_prefix="tensortorrent-verify"
+        )
         self._lock = threading.Lock()
         self._files: dict[Path, _OpenFile] = {}
         self._replaced: list[_OpenFile] = []  # may still be read from; closed by close()
@@ -752,6 +759,7 @@ class DiskReader:
                 return
             self._closed = True
         self._executor.shutdown(wait=True)
+        self._verifier.shutdown(wait=True)
         for file in [*self._files.values(), *self._replaced]:
             os.close(file.fd)
         self._files.clear()
@@ -793,15 +801,31 @@ class DiskReader:
         try:
             self._read_into(job, start, stop)
             if job.loc.guard is not None:
-                # checked here, on the thread that read them, while the other requests read
+                # The blocks inside this request are checked on a verifier thread, so this
+                # one goes straight on to the next request and the disk stays busy.
                 blocks = job.loc.guard.blocks(job.loc, start, stop)
-                bad = self._check(job, blocks)
                 with job.lock:
-                    job.unchecked.difference_update(blocks)
-                    job.bad += bad
+                    job.remaining += 1
+                self._verifier.submit(self._check_request, job, blocks)
         except BaseException as exc:
             with job.lock:
                 job.error = job.error or exc
+        self._done_with(job)
+
+    def _check_request(self, job: _Job, blocks: list[int]) -> None:
+        """Check the blocks one request read (on a verifier thread)."""
+        try:
+            bad = self._check(job, blocks)
+            with job.lock:
+                job.unchecked.difference_update(blocks)
+                job.bad += bad
+        except BaseException as exc:
+            with job.lock:
+                job.error = job.error or exc
+        self._done_with(job)
+
+    def _done_with(self, job: _Job) -> None:
+        """One request or check of ``job`` is over; the last one completes the job."""
         with job.lock:
             job.remaining -= 1
             done = job.remaining == 0

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench import hf_offload, ram_offload
+from bench import hf_offload, ram_offload, verify_cost
 from bench.offload_common import (
     disk_figures,
     drop_page_cache,
@@ -283,3 +283,23 @@ def test_quality_checks() -> None:
     assert not flipped["ok"] and flipped["cosine"] < 0
     worst = worst_quality([logits_quality(expected, expected), flipped])
     assert not worst["ok"] and worst["calls_checked"] == 2
+
+
+def test_verify_cost_bench(tmp_path: Path) -> None:
+    verify_cost.main(
+        [
+            "--quick",
+            "--no-drop",
+            "--batches",
+            "4",
+            "--out-dir",
+            str(tmp_path),
+            "--results",
+            str(tmp_path),
+        ]
+    )
+    data = json.loads((tmp_path / "verify_cost.json").read_text())
+    (row,) = data["results"]
+    assert row["bytes_read_per_call"] > 0, "the plan reads weights from disk"
+    assert len(row["ms"]["verified"]) == len(row["ms"]["unverified"]) == 2
+    assert row["verify_thread_ms_per_call_median"] > 0
