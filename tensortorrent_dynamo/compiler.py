@@ -76,6 +76,14 @@ RACE_RUNS = 5
 RACE_MARGIN = 0.03
 
 
+def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` with its exact layout (strides, offset, even stride 0), which
+    the compiled segments may assert: a copy of its whole storage, viewed the same way."""
+    storage = tensor.untyped_storage().clone()
+    copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return copy.set_(storage, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
 def keep_faster(
     parent: torch.fx.GraphModule, used: dict[str, str], example_inputs: Sequence[Any]
 ) -> str | None:
@@ -86,13 +94,20 @@ def keep_faster(
     inductor = [getattr(parent, n) for n, c in used.items() if c == "inductor"]
     if not inductor:
         return None
+    if not all(isinstance(a, torch.Tensor) for a in example_inputs):
+        # after a dynamic-shape recompile some inputs are SymInts: nothing to time with
+        return "Inductor kept: not timed (the graph has symbolic sizes)"
+    # The graph may write to its inputs (a KV cache, BatchNorm's running statistics): it is
+    # timed on copies of them, so that compiling never changes the user's tensors.
+    # Parameters are not copied (that would double the weights in memory).
+    inputs = [a if isinstance(a, torch.nn.Parameter) else _copy_of(a) for a in example_inputs]
 
     def timed(eager: bool) -> float:
         for segment in inductor:
             segment.use_eager = eager
         start = time.perf_counter()
         with torch.no_grad():
-            parent(*example_inputs)
+            parent(*inputs)
         return time.perf_counter() - start
 
     if timed(False) > RACE_LIMIT_S:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -25,3 +27,40 @@ def test_cpu_segments_compile_with_inductor() -> None:
         segment.use_eager = use_eager
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), model(x))
+
+
+class _Counting(torch.nn.Module):
+    """Writes to its buffers on every call, as a static KV cache's position counter and a
+    train-mode BatchNorm do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return self.norm(self.linear(x))
+
+
+@pytest.mark.inductor
+def test_compiling_never_runs_the_graph_on_the_users_tensors() -> None:
+    """The compiler race times the graph on copies of its inputs: compiling plus one call
+    writes the model's buffers exactly once, and every later call as eager would."""
+    torch.manual_seed(0)
+    model = _Counting().train()
+    reference = copy.deepcopy(model)
+    xs = [torch.randn(32, 16) for _ in range(3)]
+    compiled = tt.compile(model, example_inputs=(xs[0],), compiler="inductor", devices=["cpu"])
+    assert compiled.graphs[0].compiler_note is not None, "the race ran"
+    with torch.no_grad():
+        reference(xs[0])
+    assert int(model.calls) == 1 and int(model.norm.num_batches_tracked) == 1
+    for x in xs[1:]:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), reference(x))
+    for (name, buffer), (_, expected) in zip(
+        model.named_buffers(), reference.named_buffers(), strict=True
+    ):
+        torch.testing.assert_close(buffer, expected, msg=name)
