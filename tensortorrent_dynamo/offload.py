@@ -14,8 +14,8 @@
   machine needs, and the reads would measure RAM rather than the disk the plan assumed.
 * :class:`FileGuard` is what a file feeding computations is known to hold: its identity and
   its tensors' block checksums (from the store's manifest, or recorded at the first read of
-  a user's checkpoint). The reader verifies every read of a guarded location on its own
-  threads before handing the bytes on, reads once more on a mismatch, and then fails with
+  a user's checkpoint). The reader verifies every read of a guarded location on a thread of
+  its own before handing the bytes on, reads once more on a mismatch, and then fails with
   :class:`OffloadCorruptError`: no computation ever sees unverified bytes.
 """
 
@@ -68,7 +68,8 @@ MANIFEST_FORMAT = "tensortorrent-offload/2"
 # CRC-32C with the CPU's crc32 instruction (the ``crc32c`` package) runs at about 12 GiB/s on
 # the 2-core development machine (zlib's CRC-32 3.4 GiB/s there), releases the GIL for
 # buffers of 32 KiB and more, and catches every burst of up to 32 flipped bits: verifying
-# every read on the reader threads costs a few percent of a core at disk speed. The store
+# every read on a thread beside the reader's keeps up with the disk at a fraction of a core (it
+# is bound by memory bandwidth: 12-15 GiB/s with two threads, for xxh3 as for CRC-32C). The store
 # guards against damage, not against an adversary, so a cryptographic hash would buy nothing.
 CHECKSUM = "crc32c"
 # Stored bytes are checksummed in blocks of this size, counted from each tensor's first byte,
@@ -702,7 +703,7 @@ class DiskReader:
 
     @property
     def verify_seconds(self) -> float:
-        """Seconds the reader threads spent verifying checksums so far, all threads summed."""
+        """Seconds spent verifying checksums so far, all threads summed."""
         with self._lock:
             return self._verify_s
 
