@@ -79,7 +79,7 @@ RACE_MARGIN = 0.03
 def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` with its exact layout (strides, offset, even stride 0), which
     the compiled segments may assert: a copy of its whole storage, viewed the same way."""
-    storage = tensor.untyped_storage().clone()
+    storage = tensor.untyped_storage().clone()  # type: ignore[no-untyped-call]
     copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
     return copy.set_(storage, tensor.storage_offset(), tensor.size(), tensor.stride())
 
