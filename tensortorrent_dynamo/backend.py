@@ -197,11 +197,12 @@ def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
 
 def _make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:
     """Copy every resident parameter to its device now (reading those that live on disk),
-    so later graphs plan around it."""
+    so later graphs plan around it; one an earlier graph of the session already holds there
+    is shared, as the plan assumed, not copied again."""
     for pid, param in enumerate(plan.cost.params):
         device = plan.param_device(pid)
         if (device != "cpu" or plan.on_disk(pid)) and not plan.is_streamed(pid):
-            runtime.make_resident(param.fqn, example_inputs[param.arg_index], device)
+            runtime.resident_copy(param.fqn, example_inputs[param.arg_index], device)
 
 
 class TensorTorrentBackend:

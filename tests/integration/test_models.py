@@ -233,3 +233,32 @@ def test_two_unequal_virtual_devices_share_the_model_unequally() -> None:
     assert nodes_on["virtual:0"] > nodes_on["virtual:1"] > 0
     peaks = compiled.measured_peaks()
     assert all(0 < peaks[d] <= budgets[d] for d in budgets), (peaks, budgets)
+
+
+class _SharedAcrossABreak(torch.nn.Module):
+    """One weight used by two graphs (a graph break between its two uses), as prefill and
+    decode graphs share a model's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.lin(x))
+        torch._dynamo.graph_break()
+        return self.lin(x)
+
+
+def test_graphs_share_a_resident_copy_instead_of_copying_again() -> None:
+    model, x = _SharedAcrossABreak(), torch.randn(4, 256)
+    with torch.no_grad():
+        expected = model(x)
+    budget = param_bytes(model) * 3 // 2  # room for one resident copy, not two
+    compiled = tt.compile(model, (x,), devices=["virtual:0"], **_options(budget))
+    assert len(compiled.graphs) == 2
+    assert all(g.plan.native.chosen == "all-on-virtual:0" for g in compiled.graphs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
+    assert compiled.measured_peaks()["virtual:0"] <= budget
+    assert compiled.graphs[0].runtime.resident_bytes("virtual:0") == param_bytes(model)
