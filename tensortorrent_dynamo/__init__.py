@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         TensorTorrentError,
         TensorTorrentWarning,
         UnsupportedNodeError,
+        VerifyMismatch,
         VirtualDeviceOutOfMemory,
     )
     from .homes import bind_checkpoint
@@ -60,6 +61,7 @@ _HOME = {
     "TensorTorrentError": "errors",
     "TensorTorrentWarning": "errors",
     "UnsupportedNodeError": "errors",
+    "VerifyMismatch": "errors",
     "VirtualDeviceOutOfMemory": "errors",
     "Settings": "settings",
     "VirtualDeviceSpec": "settings",
@@ -85,6 +87,7 @@ __all__ = [
     "TensorTorrentError",
     "TensorTorrentWarning",
     "UnsupportedNodeError",
+    "VerifyMismatch",
     "VirtualDeviceOutOfMemory",
     "VirtualDeviceSpec",
     "__version__",

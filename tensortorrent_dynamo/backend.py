@@ -33,6 +33,7 @@ from .profile import HostProfile, host_profile
 from .rewrite import rewrite
 from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
+from .verify import eager_values, verified_call
 
 register()  # torch normally did this through the entry point; cheap and idempotent
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class CompiledGraph:
     chunks: ChunkedGraph | None = None
     # held around each call: the graphs of one session share devices, pools and budgets
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # with ``verify``: the captured graph, until the first call has been checked against it
+    reference: torch.fx.GraphModule | None = None
     _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
@@ -76,25 +79,35 @@ class CompiledGraph:
                 TensorTorrentWarning,
                 stacklevel=2,
             )
-        if self.chunks is not None:
-            args = tuple(self.chunks.expand(args))
         # One call at a time per session: a call takes the plan's buffers and budgets whole,
         # so a second thread waits for it rather than both running over the budget.
         with self.lock:
-            self.calls += 1
-            self.runtime.begin_call()
-            try:
-                if "cpu" in self.settings.budgets or self.runtime.disk is not None:
-                    with RssSampler() as rss, torch.no_grad():
-                        out = self.module(*args)
-                    self.last_rss_peak = rss.peak
-                else:
-                    with torch.no_grad():
-                        out = self.module(*args)
-            except BaseException as exc:
-                self.runtime.abandon(exc)
-                raise
-            self.last_call_s = self.runtime.recorder.now()
+            if self.reference is not None:
+                reference, self.reference = self.reference, None
+                expected = eager_values(reference, args)
+                segments = [getattr(self.module, name) for name in self.compilers]
+                return verified_call(
+                    segments, expected, lambda: self._run(args), self.plan.graph_index
+                )
+            return self._run(args)
+
+    def _run(self, args: Sequence[Any]) -> Any:
+        if self.chunks is not None:
+            args = tuple(self.chunks.expand(args))
+        self.calls += 1
+        self.runtime.begin_call()
+        try:
+            if "cpu" in self.settings.budgets or self.runtime.disk is not None:
+                with RssSampler() as rss, torch.no_grad():
+                    out = self.module(*args)
+                self.last_rss_peak = rss.peak
+            else:
+                with torch.no_grad():
+                    out = self.module(*args)
+        except BaseException as exc:
+            self.runtime.abandon(exc)
+            raise
+        self.last_call_s = self.runtime.recorder.now()
         return out
 
 
@@ -290,6 +303,7 @@ class TensorTorrentBackend:
             )
             return again
         _check_fallbacks(cost, settings.strict)
+        original = gm  # the graph as captured (row chunking replaces ``gm`` below)
         on_disk = frozenset(
             p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
         )
@@ -330,6 +344,7 @@ class TensorTorrentBackend:
             profile=profile,
             chunks=chunked,
             lock=session.lock,
+            reference=original if settings.verify else None,
         )
         session.graphs.append(compiled)
         session.by_source[source] = compiled

@@ -76,7 +76,7 @@ RACE_RUNS = 5
 RACE_MARGIN = 0.03
 
 
-def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
+def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` with its exact layout (strides, offset, even stride 0), which
     the compiled segments may assert: a copy of its whole storage, viewed the same way."""
     storage = tensor.untyped_storage().clone()  # type: ignore[no-untyped-call]
@@ -100,7 +100,7 @@ def keep_faster(
     # The graph may write to its inputs (a KV cache, BatchNorm's running statistics): it is
     # timed on copies of them, so that compiling never changes the user's tensors.
     # Parameters are not copied (that would double the weights in memory).
-    inputs = [a if isinstance(a, torch.nn.Parameter) else _copy_of(a) for a in example_inputs]
+    inputs = [a if isinstance(a, torch.nn.Parameter) else copy_of(a) for a in example_inputs]
 
     def timed(eager: bool) -> float:
         for segment in inductor:

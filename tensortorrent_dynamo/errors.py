@@ -92,6 +92,16 @@ class CopyTimeout(TensorTorrentError, TimeoutError):
     """A read from disk or a copy between devices did not finish within ``io_timeout_s``."""
 
 
+class VerifyMismatch(TensorTorrentError, AssertionError):
+    """``verify=True``: a segment's outputs differ from eager's; ``segment`` and ``node``
+    name the first segment that differs and its first differing output."""
+
+    def __init__(self, message: str, segment: str, node: str) -> None:
+        super().__init__(message)
+        self.segment = segment
+        self.node = node
+
+
 class CheckpointError(TensorTorrentError):
     """A checkpoint file is missing, truncated or malformed, or holds a dtype we cannot read."""
 

@@ -24,6 +24,9 @@ from .plan import GraphPlan
 
 log = logging.getLogger(__name__)
 
+# node.meta key: the node's name in the graph as planned (segments name their nodes afresh)
+SOURCE_NAME = "tensortorrent_source_name"
+
 
 @dataclasses.dataclass(frozen=True)
 class Rewritten:
@@ -43,6 +46,8 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
     node_segment = plan.native.node_segment
 
+    for node in gm.graph.nodes:
+        node.meta[SOURCE_NAME] = node.name
     parent = split_module(gm, gm, lambda n: node_segment[node_id[n.name]], keep_original_order=True)
     parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph

@@ -95,6 +95,10 @@ class Settings:
         io_timeout_s: how long a call waits for one read from disk or one copy between
             devices before it gives up with an error naming it (a hung disk must not hang
             the caller).
+        verify: check the first call of each graph segment by segment against eager on the
+            same inputs, and raise ``VerifyMismatch`` naming the first segment (its nodes
+            and modules) whose outputs differ (``verify.py``; a debug mode: it holds every
+            intermediate value).
     """
 
     budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -110,6 +114,7 @@ class Settings:
     checkpoint: str | None = None
     stream_chunk_bytes: int = DEFAULT_STREAM_CHUNK_BYTES
     io_timeout_s: float = 300.0
+    verify: bool = False
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -138,6 +143,7 @@ class Settings:
             "checkpoint": self.checkpoint,
             "stream_chunk_bytes": self.stream_chunk_bytes,
             "io_timeout_s": self.io_timeout_s,
+            "verify": self.verify,
         }
 
 
@@ -157,6 +163,7 @@ OPTION_HELP: dict[str, str] = {
         "of at most this size; 0 turns it off"
     ),
     "io_timeout_s": "seconds a call waits for one disk read or copy before failing (default 300)",
+    "verify": "bool: check the first call segment by segment against eager (a debug mode)",
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
         f"default 'auto' or ${PROFILE_ENV}"
@@ -278,6 +285,9 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
     strict = merged.get("strict", False)
     if not isinstance(strict, bool):
         raise OptionsError(f"option 'strict': expected True or False, got {strict!r}")
+    verify = merged.get("verify", False)
+    if not isinstance(verify, bool):
+        raise OptionsError(f"option 'verify': expected True or False, got {verify!r}")
 
     plan = merged.get("plan")
     if plan is not None and not Path(str(plan)).is_file():
@@ -306,6 +316,7 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
 
     return Settings(
         io_timeout_s=float(io_timeout_s),
+        verify=verify,
         offload_dir=offload_dir,
         checkpoint=checkpoint,
         stream_chunk_bytes=stream_chunk_bytes,
