@@ -14,9 +14,11 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+import sys
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.fx
@@ -151,40 +153,75 @@ class CostGraph:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CostGraph:
-        """Read :meth:`to_json`'s form; refuses other formats and versions."""
+    def from_json(cls, data: Mapping[str, Any], source: str = "cost graph") -> CostGraph:
+        """Read :meth:`to_json`'s form; refuses other formats and versions, and damaged data.
+
+        Raises :class:`CostGraphFormatError`, its message starting with ``source``.
+        """
         if not isinstance(data, Mapping) or data.get("format") != COST_GRAPH_FORMAT:
-            raise CostGraphFormatError("not a TensorTorrent cost graph (no 'format' field)")
+            raise CostGraphFormatError(
+                f"{source}: not a TensorTorrent cost graph (no 'format' field)"
+            )
         version = data.get("format_version")
         if version != COST_GRAPH_FORMAT_VERSION:
             raise CostGraphFormatError(
-                f"cost graph format version {version!r} is not supported "
+                f"{source}: cost graph format version {version!r} is not supported "
                 f"(this TensorTorrent reads version {COST_GRAPH_FORMAT_VERSION})"
             )
         try:
-            return cls(
-                nodes=tuple(CostNode(**{**n, "inputs": tuple(n["inputs"])}) for n in data["nodes"]),
+            graph = cls(
+                nodes=tuple(_parse(CostNode, n, f"nodes[{i}]") for i, n in _items(data, "nodes")),
                 params=tuple(
-                    ParamRef(**{**p, "shape": tuple(p["shape"]), "users": tuple(p["users"])})
-                    for p in data["params"]
+                    _parse(ParamRef, p, f"params[{i}]") for i, p in _items(data, "params")
                 ),
-                output_ids=tuple(data["output_ids"]),
-                storages=tuple(StorageSpan(**s) for s in data["storages"]),
-                assumed_sizes=dict(data["assumed_sizes"]),
+                output_ids=_check(tuple[int, ...], data["output_ids"], "output_ids"),
+                storages=tuple(
+                    _parse(StorageSpan, s, f"storages[{i}]") for i, s in _items(data, "storages")
+                ),
+                assumed_sizes=_check(dict[str, int], data["assumed_sizes"], "assumed_sizes"),
             )
-        except (KeyError, TypeError) as exc:
-            raise CostGraphFormatError(f"malformed cost graph: {exc!r}") from exc
+            graph._check_indices()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CostGraphFormatError(
+                f"{source}: malformed cost graph ({exc!r}); export it again "
+                "(tt.export_cost_graphs, then CostGraph.save)"
+            ) from exc
+        return graph
+
+    def _check_indices(self) -> None:
+        """Raise ``ValueError`` unless every node index the graph holds names one of its nodes
+        (``len(nodes)``, past the last node, where it stands for the end of the graph)."""
+        n = len(self.nodes)
+        named = [(f"nodes[{i}].inputs", node.inputs) for i, node in enumerate(self.nodes)]
+        named += [(f"nodes[{i}].last_use", (node.last_use,)) for i, node in enumerate(self.nodes)]
+        named += [(f"params[{i}].users", param.users) for i, param in enumerate(self.params)]
+        named += [("output_ids", self.output_ids)]
+        named += [(f"storages[{i}]", (s.first, s.last)) for i, s in enumerate(self.storages)]
+        for where, ids in named:
+            if any(i > n for i in ids):
+                raise ValueError(f"{where} names node {max(ids)}; the graph has {n} nodes")
+        for i, span in enumerate(self.storages):
+            if not span.first <= span.last or span.first >= n:
+                raise ValueError(f"storages[{i}] spans nodes {span.first}..{span.last} of {n}")
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostGraph:
+        """Read a file :meth:`save` wrote; raises :class:`CostGraphFormatError`."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
             raise CostGraphFormatError(f"cannot read a cost graph from {path}: {exc}") from exc
-        return cls.from_json(data)
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+            raise CostGraphFormatError(
+                f"cannot read a cost graph from {path}: {exc}; export it again "
+                "(tt.export_cost_graphs, then CostGraph.save)"
+            ) from exc
+        return cls.from_json(data, source=str(path))
 
     def to_native(self, param_home: Sequence[str] | None = None) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
@@ -212,6 +249,64 @@ class CostGraph:
             node_bytes_accessed=[n.bytes_accessed for n in self.nodes],
             param_home=list(param_home) if param_home is not None else None,
         )
+
+
+_Parsed = TypeVar("_Parsed")
+
+
+def _items(data: Mapping[str, Any], key: str) -> Iterator[tuple[int, object]]:
+    """The numbered items of the list ``data[key]``."""
+    value = data[key]
+    if not isinstance(value, list):
+        raise TypeError(f"{key} is {type(value).__name__}, not a list")
+    return enumerate(value)
+
+
+def _parse(cls: type[_Parsed], raw: object, where: str) -> _Parsed:
+    """A ``cls`` (a dataclass) from its JSON object, each field checked against its type."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"{where} is {type(raw).__name__}, not an object")
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - {f.name for f in fields})
+    if unknown:
+        raise TypeError(f"{where} has unknown field(s) {unknown}")
+    required = {f.name for f in fields if dataclasses.MISSING is f.default is f.default_factory}
+    values = {
+        f.name: _check(hints[f.name], raw[f.name], f"{where}.{f.name}")  # KeyError if required
+        for f in fields
+        if f.name in raw or f.name in required
+    }
+    return cls(**values)
+
+
+def _check(kind: Any, value: object, where: str) -> Any:
+    """``value`` if it is of type ``kind`` (as read from JSON: a list for a tuple), else a
+    ``TypeError``. Every number of a cost graph is a count, a size or FLOPs: not negative,
+    an int below 2**63 (what the planner holds in 64 bits), a float finite."""
+    if kind is bool or kind is str:
+        if not isinstance(value, kind):
+            raise TypeError(f"{where} is {type(value).__name__}, not {kind.__name__}")
+        return value
+    if kind is int or kind is float:
+        allowed = (int, float) if kind is float else int
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            raise TypeError(f"{where} is {type(value).__name__}, not {kind.__name__}")
+        limit = sys.float_info.max if kind is float else 2**63 - 1
+        if not 0 <= value <= limit:  # False for nan as for inf
+            raise ValueError(f"{where} is {value!r}, not a {kind.__name__} in [0, {limit!r}]")
+        return value
+    if kind == str | None:
+        return None if value is None else _check(str, value, where)
+    if kind == tuple[int, ...]:
+        if not isinstance(value, list):
+            raise TypeError(f"{where} is {type(value).__name__}, not a list")
+        return tuple(_check(int, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if kind in (dict[str, int], Mapping[str, int]):
+        if not isinstance(value, dict):
+            raise TypeError(f"{where} is {type(value).__name__}, not an object")
+        return {k: _check(int, v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise AssertionError(f"{where}: no JSON reader for {kind}")
 
 
 def _hint(value: int | torch.SymInt) -> int:

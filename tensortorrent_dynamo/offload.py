@@ -1125,7 +1125,8 @@ class OffloadStore:
                 raise ValueError("a shard has a name this store does not write")
             if any(e.shard not in shards or e.dtype not in _DTYPES for e in tensors.values()):
                 raise ValueError("a tensor names an unknown shard or dtype")
-            for item in (*shards.values(), *tensors.values()):
+            items: list[_Shard | _Entry] = [*shards.values(), *tensors.values()]
+            for item in items:
                 for field in dataclasses.fields(item):  # every field not a str holds counts
                     value = getattr(item, field.name)
                     counts = value if isinstance(value, tuple) else (value,)

@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -27,12 +27,16 @@ from .cost_graph import CostGraph
 from .errors import PlanFormatError, StalePlanError
 from .profile import HostProfile
 from .profile.detect import current_fingerprint
+from .profile.schema import Fingerprint
+from .settings import OPTION_HELP
 
 if TYPE_CHECKING:
     from .backend import CompiledGraph
 
 PLAN_FORMAT = "tensortorrent-plan"
 PLAN_FORMAT_VERSION = 1
+
+_T = TypeVar("_T")
 
 
 def graph_hash(cost: CostGraph) -> str:
@@ -146,11 +150,20 @@ def save(path: str | os.PathLike[str], graphs: Sequence[CompiledGraph], explain:
 
 
 def load(path: str | os.PathLike[str]) -> SavedPlan:
-    """Read a plan file; refuses other formats and unknown versions, naming the version."""
+    """Read a plan file; refuses other formats and unknown versions, naming the version.
+
+    Raises :class:`PlanFormatError` for a file that cannot be read or is damaged.
+    """
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
         raise PlanFormatError(f"cannot read a plan from {path}: {exc}") from exc
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+        raise PlanFormatError(
+            f"cannot read a plan from {path}: {exc}; save the plan again (CompiledModule.save)"
+        ) from exc
     if not isinstance(data, Mapping) or data.get("format") != PLAN_FORMAT:
         raise PlanFormatError(f"{path} is not a TensorTorrent plan (no 'format' field)")
     version = data.get("format_version")
@@ -160,17 +173,45 @@ def load(path: str | os.PathLike[str]) -> SavedPlan:
             f"{PLAN_FORMAT_VERSION}"
         )
     try:
-        return SavedPlan(
-            path=str(path),
-            options=dict(data["options"]),
-            hardware=dict(data["hardware"]),
-            profile_hash=str(data["profile_hash"]),
-            torch_version=str(data["torch_version"]),
-            graphs=tuple(data["graphs"]),
-            explain=str(data["explain"]),
-        )
-    except (KeyError, TypeError) as exc:
-        raise PlanFormatError(f"malformed plan file {path}: {exc!r}") from exc
+        return _saved_plan(str(path), data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanFormatError(
+            f"malformed plan file {path}: {exc!r}; save the plan again (CompiledModule.save)"
+        ) from exc
+
+
+def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
+    """The plan in ``data``, every field a later check reads checked for its type."""
+    options = _field(data, "options", dict)
+    saveable = set(OPTION_HELP) - {"plan", "replan"}  # what Settings.to_options writes
+    unknown = sorted(set(options) - saveable)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}")
+    hardware = _field(data, "hardware", dict)
+    Fingerprint.from_dict(hardware, "hardware")  # raises ValueError naming a bad key
+    graphs = _field(data, "graphs", list)
+    for i, record in enumerate(graphs):
+        if not isinstance(record, dict):
+            raise TypeError(f"graphs[{i}] is {type(record).__name__}, not an object")
+        for key in ("graph_hash", "plan_hash"):
+            _field(record, key, str, f"graphs[{i}].")
+    return SavedPlan(
+        path=path,
+        options=dict(options),
+        hardware=dict(hardware),
+        profile_hash=_field(data, "profile_hash", str),
+        torch_version=_field(data, "torch_version", str),
+        graphs=tuple(dict(g) for g in graphs),
+        explain=_field(data, "explain", str),
+    )
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type[_T], where: str = "") -> _T:
+    """``data[key]``; a ``TypeError`` naming the key when it is not a ``kind``."""
+    value = data[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}{key} is {type(value).__name__}, not {kind.__name__}")
+    return value
 
 
 def _version() -> str:

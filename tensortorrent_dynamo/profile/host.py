@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -20,6 +21,9 @@ NOMINAL_CUDA_FLOPS = 5e13
 NOMINAL_CUDA_LINK_BYTES_PER_S = 2.5e10
 NOMINAL_CUDA_LATENCY_S = 1e-5
 NOMINAL_DISK_READ_BYTES_PER_S = 1e9
+
+_DEVICE_NAME = {"cpu": re.compile("cpu"), "cuda": re.compile("cuda:[0-9]+")}
+"""The name a device of each kind the planner reads has in a profile."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +136,9 @@ class HostProfile:
         names = [d.name for d in m.devices if d.kind in ("cpu", "cuda")]
         if "cpu" not in names:
             raise ValueError("profile has no 'cpu' device")
+        for dev in m.devices:
+            if dev.kind in ("cpu", "cuda") and not _DEVICE_NAME[dev.kind].fullmatch(dev.name):
+                raise ValueError(f"profile has a {dev.kind} device named {dev.name!r}")
         cuda = sorted((n for n in names if n != "cpu"), key=lambda n: int(n.split(":")[1]))
         devices = tuple(_device_from(m, n) for n in ["cpu", *cuda])
         return cls(devices=devices, source=source, measurements=m)
@@ -152,4 +159,5 @@ class HostProfile:
 
     @classmethod
     def from_json(cls, text: str, source: str) -> HostProfile:
-        return cls.from_dict(json.loads(text), source)
+        """Read the JSON text; raises ``ValueError`` naming the first bad key."""
+        return cls.from_measurements(Measurements.from_json(text), source)

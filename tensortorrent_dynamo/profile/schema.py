@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal, cast, get_args
 
@@ -65,6 +66,9 @@ class Figure:
     def from_dict(cls, raw: object, where: str) -> Figure:
         data = _mapping(raw, where)
         value = _get(data, "value", (int, float, type(None)), where)
+        # every figure is a size, rate, time or share: finite and not negative
+        if value is not None and not 0 <= value <= sys.float_info.max:
+            raise ValueError(f"{where}.value: expected a finite number >= 0, got {value!r}")
         note = data.get("note", "")
         if not isinstance(note, str):
             raise ValueError(f"{where}.note: expected a string")
@@ -296,11 +300,12 @@ class Measurements:
             raise ValueError(f"profile.mode: {mode!r} is not one of {get_args(Mode)}")
         try:
             created = datetime.datetime.fromisoformat(_get(data, "created_at", str, "profile"))
+            created_at = created.timestamp()
         except ValueError as exc:
             raise ValueError(f"profile.created_at: {exc}") from None
         return cls(
             mode=cast(Mode, mode),
-            created_at=created.timestamp(),
+            created_at=created_at,
             duration=Figure.from_dict(data.get("duration"), "profile.duration"),
             load=Figure.from_dict(data.get("load"), "profile.load"),
             fingerprint=Fingerprint.from_dict(data.get("fingerprint"), "profile.fingerprint"),
@@ -318,4 +323,8 @@ class Measurements:
     @classmethod
     def from_json(cls, text: str) -> Measurements:
         """Parse JSON text; raises ``ValueError`` (``json.JSONDecodeError`` included)."""
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError("the JSON is nested too deeply to be a profile") from None
+        return cls.from_dict(data)
