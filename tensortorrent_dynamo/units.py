@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import BudgetParseError
@@ -33,8 +34,8 @@ def parse_bytes(value: object, what: str = "size") -> int:
             raise BudgetParseError(f"{what}: a byte count cannot be negative, got {value}")
         return value
     if isinstance(value, float):
-        if value < 0 or value != value:
-            raise BudgetParseError(f"{what}: expected a non-negative byte count, got {value!r}")
+        if not 0 <= value < math.inf:
+            raise BudgetParseError(f"{what}: expected a finite byte count >= 0, got {value!r}")
         return int(value)
     if not isinstance(value, str):
         raise BudgetParseError(
@@ -47,7 +48,10 @@ def parse_bytes(value: object, what: str = "size") -> int:
             f"{what}: cannot parse {value!r} as a size; write a number followed by one of "
             f"{', '.join(VALID_BYTE_UNITS)} (e.g. '64MiB', '1.5GB') or give an int of bytes"
         )
-    return int(float(match.group(1)) * _BYTE_UNITS[unit or "b"])
+    size = float(match.group(1)) * _BYTE_UNITS[unit or "b"]
+    if not size < math.inf:
+        raise BudgetParseError(f"{what}: {value!r} is too large to be a size")
+    return int(size)
 
 
 def parse_rate(value: object, what: str = "rate") -> float:
@@ -58,7 +62,10 @@ def parse_rate(value: object, what: str = "rate") -> float:
     if isinstance(value, bool):
         raise BudgetParseError(f"{what}: expected a positive number, got {value!r}")
     if isinstance(value, (int, float)):
-        rate = float(value)
+        try:
+            rate = float(value)
+        except OverflowError:  # an int beyond any float
+            rate = math.inf
     elif isinstance(value, str):
         text = value.strip().removesuffix("/s")
         si = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
@@ -74,8 +81,8 @@ def parse_rate(value: object, what: str = "rate") -> float:
                 ) from None
     else:
         raise BudgetParseError(f"{what}: expected a number or string, got {type(value).__name__}")
-    if not rate > 0:
-        raise BudgetParseError(f"{what}: must be positive, got {value!r}")
+    if not 0 < rate < math.inf:
+        raise BudgetParseError(f"{what}: must be positive and finite, got {value!r}")
     return rate
 
 

@@ -277,12 +277,6 @@ def test_a_plan_whose_options_name_the_plan_is_refused(
         tt.load(bad, mlp(32, 2))
 
 
-@pytest.mark.xfail(
-    raises=OverflowError,
-    strict=True,
-    reason="units.parse_bytes converts an infinite size with int(): OverflowError, not "
-    "BudgetParseError (parse_options is not one of the loaders this file fixes)",
-)
 def test_a_plan_with_an_infinite_size_option_raises_our_error(
     plan_file: tuple[Path, CompiledGraph], workdir: Path
 ) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tensortorrent_dynamo import BudgetParseError, OptionsError, parse_bytes, parse_options
@@ -100,3 +102,15 @@ def test_cuda_alias_and_fingerprint_is_stable() -> None:
     b = parse_options({"budgets": {"cuda:0": 1024**3}})
     assert a.budgets == {"cuda:0": 1024**3}
     assert a.fingerprint() == b.fingerprint()
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, "1e400GiB", "inf"])
+def test_sizes_beyond_any_float_are_refused(value: object) -> None:
+    with pytest.raises(BudgetParseError):
+        parse_bytes(value, "size")
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, 10**400, "1e400G", "inf"])
+def test_rates_beyond_any_float_are_refused(value: object) -> None:
+    with pytest.raises(BudgetParseError):
+        parse_rate(value, "rate")
