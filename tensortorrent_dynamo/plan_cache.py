@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,9 +82,16 @@ def lookup(entry: str) -> dict[str, Any] | None:
             data
         ):
             raise ValueError("missing fields")
+        kinds = {"node_device": int, "param_streamed": bool, "value_spilled": bool}
+        if not isinstance(data["chosen"], str) or not all(
+            isinstance(data.get(k, []), list)
+            and all(type(v) is t and 0 <= v < 2**31 for v in data.get(k, []))
+            for k, t in kinds.items()
+        ):
+            raise ValueError("a field has the wrong type")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         log.warning("ignoring the damaged plan cache entry %s: %s", path, exc)
         return None
     return data
@@ -101,7 +109,8 @@ def store(entry: str, plan: _planner.Plan) -> None:
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(path.name + ".tmp")
+        # a name of its own: two processes storing one entry must not share a temp file
+        temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
         temp.write_text(json.dumps(data))
         temp.replace(path)
     except OSError as exc:

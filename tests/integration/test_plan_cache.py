@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import json, torch
@@ -61,3 +63,25 @@ def test_a_damaged_entry_is_ignored(tmp_path: Path) -> None:
     again, log = _run(tmp_path)
     assert "ignoring the damaged plan cache entry" in log
     assert again["hash"] == first["hash"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 5000,
+        '{"chosen": 5, "node_device": [], "param_streamed": []}',
+        '{"chosen": "x", "node_device": "abc", "param_streamed": []}',
+        '{"chosen": "x", "node_device": [0], "param_streamed": [1]}',
+        "\x80 not text",
+        '{"chosen": "x", "node_device": [100000000000000000000], "param_streamed": []}',
+    ],
+)
+def test_a_damaged_entry_is_a_miss(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensortorrent_dynamo import plan_cache
+
+    monkeypatch.setenv("TENSORTORRENT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "entry.json").write_text(text, errors="surrogateescape")
+    assert plan_cache.lookup("entry") is None
