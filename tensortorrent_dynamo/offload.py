@@ -1135,6 +1135,12 @@ class OffloadStore:
             sizes = {k: math.prod(e.shape) * _DTYPES[e.dtype].itemsize for k, e in tensors.items()}
             if any(e.nbytes != sizes[k] for k, e in tensors.items()):
                 raise ValueError("a tensor's size does not match its shape and dtype")
+            if data.get("block_bytes") != VERIFY_BLOCK_BYTES:
+                raise ValueError(f"checksum blocks of {data.get('block_bytes')!r} bytes")
+            blocks = [(e.sums, e.nbytes) for e in tensors.values()]
+            blocks += [(s.header_sums, s.data_start) for s in shards.values()]
+            if any(len(sums) != -(-n // VERIFY_BLOCK_BYTES) for sums, n in blocks):
+                raise ValueError("a checksum list does not cover its bytes")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise OffloadCorruptError(
                 f"{path} cannot be read ({exc}); delete {self.directory} and compile again "

@@ -299,3 +299,15 @@ def test_source_checksums_read_contiguous_tensors_in_place() -> None:
     view = offload._tensor_bytes("t", tensor)
     assert len(view) == 128
     assert np.frombuffer(view, dtype=np.uint8).ctypes.data == tensor.data_ptr()
+
+
+def test_a_manifest_whose_checksums_do_not_cover_a_tensor_is_refused(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "store")
+    store.write({"big": torch.randn(3, 2**16)})  # 768 KiB: three checksum blocks
+    path = store.directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert len(manifest["tensors"]["big"]["sums"]) == 3
+    manifest["tensors"]["big"]["sums"].pop()
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(OffloadCorruptError, match="does not cover its bytes"):
+        store.locations(verify=False)
