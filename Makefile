@@ -4,7 +4,7 @@ PIP := $(PYTHON) -m pip
 RUST_SOURCES := $(shell find csrc_rs -name '*.rs' -o -name 'Cargo.toml') Cargo.toml
 STAMP := .make/installed
 
-.PHONY: demo check install lint types test-rust test-python clean
+.PHONY: demo check install lint types test-rust test-python corpus clean
 
 $(STAMP): pyproject.toml $(RUST_SOURCES)
 	$(PIP) install --quiet -e ".[dev]"
@@ -32,6 +32,10 @@ test-python: $(STAMP)
 	$(PYTHON) -m pytest -q
 
 check: lint types test-rust test-python
+
+# the whole third-party model corpus (CI runs its quick subset); prints pass/xfail per budget
+corpus: $(STAMP)
+	$(PYTHON) -m pytest -q -m corpus tests/integration/corpus
 
 clean:
 	rm -rf .make target build dist

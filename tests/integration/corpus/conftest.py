@@ -1,0 +1,62 @@
+"""The corpus runs offline, and only its quick subset runs unless asked for.
+
+Plain ``pytest`` (CI, ``make check``) runs the entries marked ``quick`` in the registry;
+``pytest -m corpus`` (``make corpus``) runs the whole corpus, and ``-m corpus -k NAME``
+one entry of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+# nothing is downloaded: every model is built from a config
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "corpus" in (config.option.markexpr or ""):
+        return  # the whole corpus was asked for
+    here = os.path.dirname(__file__)
+    full_only = [
+        item
+        for item in items
+        if item.get_closest_marker("corpus_full") is not None and str(item.path).startswith(here)
+    ]
+    if full_only:
+        config.hook.pytest_deselected(items=full_only)
+        dropped = {id(item) for item in full_only}
+        items[:] = [item for item in items if id(item) not in dropped]
+
+
+def _case_key(nodeid: str) -> str:
+    """``forward budget=third`` or ``generate budget=none cache=static`` for a corpus test id."""
+    test, _, case = nodeid.rpartition("::")[2].partition("[")
+    parts = case.rstrip("]").split("-")
+    if test == "test_entry_matches_eager":
+        return f"forward budget={parts[-1]}"
+    return f"generate budget={parts[-1]} cache={parts[1]}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Counts of the corpus's outcomes per test and budget (``make corpus`` prints them)."""
+    here = os.path.dirname(__file__)
+    counts: dict[str, Counter[str]] = {}
+    for outcome in ("passed", "failed", "error", "xfailed", "xpassed"):
+        seen = set()
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            path = str(getattr(report, "fspath", ""))
+            if "[" not in nodeid or nodeid in seen or not os.path.abspath(path).startswith(here):
+                continue
+            seen.add(nodeid)
+            counts.setdefault(_case_key(nodeid), Counter())[outcome] += 1
+    if counts:
+        terminalreporter.section("corpus outcomes")
+        for key in sorted(counts):
+            line = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts[key].items()))
+            terminalreporter.write_line(f"{key}: {line}")

@@ -1,0 +1,58 @@
+"""Every corpus entry through the backend at no budget and at a third of its parameters'
+bytes, called twice with different inputs, compared with eager; afterwards the original
+module still gives eager's result and its tensors are unchanged."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+import tensortorrent as tt
+
+from .harness import (
+    assert_same,
+    assert_tensors_equal,
+    budget_bytes,
+    check_plans,
+    known_failure,
+    options,
+    peak,
+)
+from .models import BUDGETS, ENTRIES, Entry
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for entry in ENTRIES:
+        for budget in BUDGETS:
+            marks: list[Any] = [pytest.mark.corpus]
+            if not entry.quick:
+                marks.append(pytest.mark.corpus_full)
+            if budget in entry.xfail:
+                marks.append(known_failure(entry.xfail[budget]))
+            cases.append(pytest.param(entry, budget, id=f"{entry.name}-{budget}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("entry", "budget"), _cases())
+def test_entry_matches_eager(entry: Entry, budget: str) -> None:
+    model = entry.build()
+    reference = copy.deepcopy(model)
+    calls = [entry.inputs(0), entry.inputs(1)]
+    with torch.no_grad():
+        expected = [reference(**kwargs) for kwargs in calls]
+
+    compiled = tt.compile(model, **options(budget, model))
+    with torch.no_grad():
+        for i, kwargs in enumerate(calls):
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    check_plans(compiled.graphs, budget)
+    assert 0 < peak(compiled) <= budget_bytes(budget, model)
+
+    # the original module, called without the backend, is as it was
+    with torch.no_grad():
+        assert_same(model(**entry.inputs(0)), expected[0], "the original module afterwards")
+    assert_tensors_equal(model, reference)

@@ -1,0 +1,125 @@
+"""``generate()`` with ``model.forward`` compiled through the backend: greedy, 10 new
+tokens, two prompts of different shapes, with the default dynamic cache and with
+``cache_implementation="static"``, at no budget and at a third of the parameters' bytes.
+The tokens equal eager's, every forward call ran through the backend, and the peak
+measured on the virtual device during each call is within its budget.
+
+The per-call peak is read from the backend's ledgers (``graph.runtime.virtual[...]``):
+``CompiledModule.measured_peaks()`` is the public figure but it is the peak since
+compiling, and ``model.forward = torch.compile(...)`` gives no ``CompiledModule``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import tensortorrent as tt
+
+from .harness import (
+    DEVICE,
+    assert_tensors_equal,
+    budget_bytes,
+    check_plans,
+    known_failure,
+    options,
+)
+from .models import BUDGETS, BY_NAME, GENERATE_MODELS, GENERATE_XFAIL, VOCAB
+
+CACHES = ("dynamic", "static")
+NEW_TOKENS = 10
+
+
+def _prompts() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, VOCAB, shape, generator=g) for shape in ((1, 5), (2, 9))]
+
+
+def _generate_kwargs(cache: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": NEW_TOKENS,
+        "min_new_tokens": NEW_TOKENS,  # no early end-of-sequence: every call makes 10 tokens
+        "do_sample": False,
+        "pad_token_id": 0,
+        "disable_compile": True,  # transformers' own auto-compile stays out of both runs
+    }
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    return kwargs
+
+
+class _PerCallPeaks:
+    """Wraps the compiled forward: after each call, the peak of ``virtual:0`` during it,
+    and how many backend graph calls it made."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.forward = forward
+        self.peaks: list[int] = []
+        self.graph_calls: list[int] = []
+
+    def _ledgers(self) -> list[Any]:
+        seen: dict[int, Any] = {}
+        for graph in tt.tensortorrent_backend.graphs:
+            device = graph.runtime.virtual.get(DEVICE)
+            if device is not None:
+                seen[id(device.ledger)] = device.ledger
+        return list(seen.values())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for ledger in self._ledgers():
+            ledger.reset_peak()
+        before = sum(g.calls for g in tt.tensortorrent_backend.graphs)
+        out = self.forward(*args, **kwargs)
+        self.graph_calls.append(sum(g.calls for g in tt.tensortorrent_backend.graphs) - before)
+        self.peaks.append(max((ledger.peak for ledger in self._ledgers()), default=0))
+        return out
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for name in GENERATE_MODELS:
+        for cache in CACHES:
+            for budget in BUDGETS:
+                marks: list[Any] = [pytest.mark.corpus]
+                if (name, cache, budget) != (GENERATE_MODELS[0], "dynamic", "none"):
+                    marks.append(pytest.mark.corpus_full)
+                reason = GENERATE_XFAIL.get((name, cache, budget))
+                if reason is not None:
+                    marks.append(known_failure(reason))
+                case_id = f"{name}-{cache}-{budget}"
+                cases.append(pytest.param(name, cache, budget, id=case_id, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "cache", "budget"), _cases())
+def test_generate_matches_eager(name: str, cache: str, budget: str) -> None:
+    model = BY_NAME[name].build()
+    reference = copy.deepcopy(model)
+    prompts, kwargs = _prompts(), _generate_kwargs(cache)
+    with torch.no_grad():
+        expected = [reference.generate(p, **kwargs) for p in prompts]
+    assert [e.shape for e in expected] == [(1, 5 + NEW_TOKENS), (2, 9 + NEW_TOKENS)]
+
+    forward = _PerCallPeaks(
+        torch.compile(model.forward, backend="tensortorrent", options=options(budget, model))
+    )
+    model.forward = forward
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            tokens = model.generate(prompt, **kwargs)
+            torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
+    del model.forward
+
+    assert len(forward.peaks) >= 2 * NEW_TOKENS, "generate() called the compiled forward"
+    assert all(n > 0 for n in forward.graph_calls), (
+        f"some forward calls ran no backend graph (eager fallback?): {forward.graph_calls}"
+    )
+    limit = budget_bytes(budget, model)
+    over = [(i, p) for i, p in enumerate(forward.peaks) if not 0 < p <= limit]
+    assert not over, f"calls whose measured peak on {DEVICE} is not within {limit} B: {over}"
+    check_plans(tt.tensortorrent_backend.graphs, budget)
+    assert_tensors_equal(model, reference)
