@@ -126,21 +126,25 @@ class Session:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def resident_bytes(self, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
-        """Bytes held for good per device by the graphs so far, less the parameters named
-        in ``exclude`` (a new graph that uses them shares them): their resident copies and,
-        on the host, the weights their plans keep in RAM as they are. A model of several
-        graphs thus fits the host budget as a whole, graph by graph."""
+        """Bytes held for good per device by the graphs so far: their resident copies and,
+        on the host, the weights their plans keep in RAM as they are, less those of the
+        parameters named in ``exclude`` on the host (a new graph that uses them counts
+        them itself). A model of several graphs thus fits its budgets as a whole, graph by
+        graph. Resident copies on an accelerator all count: they stay there whatever the
+        new graph decides (see :func:`_share_resident`)."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
         names = {d.name for g in self.graphs for d in g.plan.devices}
-        held = {name: runtime.resident_bytes(name, exclude) for name in sorted(names)}
-        in_ram = {
-            p.fqn: p.nbytes
-            for g in self.graphs
-            for i, p in enumerate(g.plan.cost.params)
-            if not g.plan.on_disk(i) and p.fqn not in exclude
+        held = {
+            name: runtime.resident_bytes(name, exclude if name == "cpu" else frozenset())
+            for name in sorted(names)
         }
+        in_ram: dict[str, int] = {}
+        for g in self.graphs:
+            for i, p in enumerate(g.plan.cost.params):
+                if not g.plan.on_disk(i) and p.fqn not in exclude:
+                    in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
         held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
         return held
 
@@ -188,6 +192,38 @@ def _names_and_chunks(session: Session, cost: CostGraph) -> frozenset[str]:
         if graph.chunks is not None:
             names |= {p.fqn for p in graph.plan.cost.params if graph.chunks.parent(p) in names}
     return frozenset(names)
+
+
+def _share_resident(
+    session: Session, cost: CostGraph, example_inputs: Sequence[Any], profile: HostProfile
+) -> CostGraph:
+    """``cost`` with the parameters an earlier graph already keeps resident on the one
+    accelerator counted as 0 bytes: their copies stay there and are already in the budget
+    held (``Session.resident_bytes``), so keeping them costs the new graph nothing, and the
+    runtime uses the copy where the plan would stream them (``Runtime.prefetch``). With
+    several accelerators a plan could place such a parameter on another one, unaccounted,
+    so nothing is shared then."""
+    accelerators = [d.name for d in profile.devices if d.name != "cpu"]
+    if len(accelerators) != 1 or not session.graphs:
+        return cost
+    (device,) = accelerators
+    shared = [
+        i
+        for i, p in enumerate(cost.params)
+        if session.resident.get(example_inputs[p.arg_index], device) is not None
+    ]
+    if not shared:
+        return cost
+    log.info(
+        "graph %d shares %d parameters earlier graphs keep resident on %s",
+        len(session.graphs),
+        len(shared),
+        device,
+    )
+    params = list(cost.params)
+    for i in shared:
+        params[i] = dataclasses.replace(params[i], nbytes=0)
+    return dataclasses.replace(cost, params=tuple(params))
 
 
 def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
@@ -308,6 +344,7 @@ class TensorTorrentBackend:
             p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
         )
         held = session.resident_bytes(exclude=_names_and_chunks(session, cost))
+        cost = _share_resident(session, cost, example_inputs, profile)
         chunker = (
             WeightChunker(gm, example_inputs, cost, settings.stream_chunk_bytes)
             if settings.stream_chunk_bytes

@@ -82,10 +82,10 @@ def lookup(entry: str) -> dict[str, Any] | None:
             data
         ):
             raise ValueError("missing fields")
-        kinds = {"node_device": int, "param_streamed": bool, "value_spilled": bool}
+        kinds: dict[str, type] = {"node_device": int, "param_streamed": bool, "value_spilled": bool}
         if not isinstance(data["chosen"], str) or not all(
-            isinstance(data.get(k, []), list)
-            and all(type(v) is t and 0 <= v < 2**31 for v in data.get(k, []))
+            isinstance(values := data.get(k, []), list)
+            and all(type(v) is t and isinstance(v, int) and 0 <= v < 2**31 for v in values)
             for k, t in kinds.items()
         ):
             raise ValueError("a field has the wrong type")

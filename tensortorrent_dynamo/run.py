@@ -563,6 +563,9 @@ class Runtime(torch.nn.Module):
         return self._track(self._prefetch(param, key, device))
 
     def _prefetch(self, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
+        held = self.resident.get(param, device)
+        if held is not None:  # another graph keeps it on this device: no copy needed
+            return PrefetchHandle(finish=lambda: held)
         what = f"streamed {key}"
         location = self._disk_location(key)
         if location is None:
