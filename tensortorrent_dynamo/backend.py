@@ -25,7 +25,13 @@ from ._logs import PLAN_ARTIFACT, register
 from .chunking import ChunkedGraph, WeightChunker
 from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
-from .errors import OptionsError, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
+from .errors import (
+    OptionsError,
+    PlanInfeasible,
+    StalePlanError,
+    TensorTorrentWarning,
+    UnsupportedNodeError,
+)
 from .homes import pin_streamed_weights, place_on_disk, released_location, whole_weights
 from .offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
 from .plan import GraphPlan, plan_graph
@@ -125,19 +131,25 @@ class Session:
     # one call of one of the session's graphs at a time
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def resident_bytes(self, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
+    def resident_bytes(
+        self, exclude: frozenset[str] = frozenset(), everywhere: bool = False
+    ) -> dict[str, int]:
         """Bytes held for good per device by the graphs so far: their resident copies and,
         on the host, the weights their plans keep in RAM as they are, less those of the
         parameters named in ``exclude`` on the host (a new graph that uses them counts
         them itself). A model of several graphs thus fits its budgets as a whole, graph by
-        graph. Resident copies on an accelerator all count: they stay there whatever the
-        new graph decides (see :func:`_share_resident`)."""
+        graph. Resident copies on an accelerator all count, as they stay there whatever the
+        new graph decides (see :func:`_share_resident`); with ``everywhere``, those named in
+        ``exclude`` are left out there too, as if the new graph's plan were to keep the
+        same ones resident."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
         names = {d.name for g in self.graphs for d in g.plan.devices}
         held = {
-            name: runtime.resident_bytes(name, exclude if name == "cpu" else frozenset())
+            name: runtime.resident_bytes(
+                name, exclude if name == "cpu" or everywhere else frozenset()
+            )
             for name in sorted(names)
         }
         in_ram: dict[str, int] = {}
@@ -343,14 +355,34 @@ class TensorTorrentBackend:
         on_disk = frozenset(
             p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
         )
-        held = session.resident_bytes(exclude=_names_and_chunks(session, cost))
-        cost = _share_resident(session, cost, example_inputs, profile)
-        chunker = (
-            WeightChunker(gm, example_inputs, cost, settings.stream_chunk_bytes)
-            if settings.stream_chunk_bytes
-            else None
-        )
-        plan = plan_graph(len(session.graphs), cost, profile, settings, held, on_disk, chunker)
+        names = _names_and_chunks(session, cost)
+        chunker: WeightChunker | None = None
+
+        def plan_with(cost: CostGraph, held: Mapping[str, int]) -> GraphPlan:
+            nonlocal chunker
+            chunker = (
+                WeightChunker(gm, example_inputs, cost, settings.stream_chunk_bytes)
+                if settings.stream_chunk_bytes
+                else None
+            )
+            return plan_graph(len(session.graphs), cost, profile, settings, held, on_disk, chunker)
+
+        shared = _share_resident(session, cost, example_inputs, profile)
+        try:
+            plan = plan_with(shared, session.resident_bytes(names))
+        except PlanInfeasible:
+            if shared is cost:
+                raise
+            # Graph by graph, the earlier graphs' resident sets may leave this one too
+            # little; it then plans as if its shared parameters were not yet resident. That
+            # is right only where it keeps the same ones resident (planning the graphs of a
+            # model together would settle it).
+            log.warning(
+                "graph %d does not fit beside the parameters earlier graphs keep resident; "
+                "planning it as if it kept the same ones resident",
+                len(session.graphs),
+            )
+            plan = plan_with(cost, session.resident_bytes(names, everywhere=True))
         chunked = chunker.graph_for(plan.cost) if chunker is not None else None
         if settings.plan is not None:
             self._check_saved(settings, plan.cost, profile, plan)
