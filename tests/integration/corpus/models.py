@@ -310,6 +310,11 @@ ENTRIES: list[Entry] = [
             shared_expert_intermediate_size=64,
         ),
         decoder_inputs,
+        xfail={
+            "third": "VirtualDeviceOutOfMemory on the 2nd call: the dynamic-shape graph's plan "
+            "(streamed with spills, beside the 1st graph's resident set) underestimates its "
+            "peak on virtual:0"
+        },
     ),
     Entry(
         "gpt2",
@@ -413,7 +418,6 @@ ENTRIES: list[Entry] = [
             max_position_embeddings=128,
         ),
         seq2seq_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "whisper",
@@ -559,7 +563,6 @@ ENTRIES: list[Entry] = [
         "conditional UNet: cross-attention transformer blocks over text states",
         _seeded(_unet2d_condition),
         _unet2d_condition_inputs,
-        xfail=DYNAMIC_OOM,
     ),
 ]
 
@@ -590,10 +593,7 @@ GENERATE_XFAIL: dict[tuple[str, str, str], str] = {
     ("qwen3", "static", "none"): _STATIC_CACHE,
     ("phi", "static", "none"): _STATIC_CACHE,
     ("llama", "static", "third"): _STATIC_CACHE,
-    ("qwen3", "static", "third"): (
-        "VirtualDeviceOutOfMemory: the static-cache decode graph's plan underestimates its "
-        "peak on virtual:0 (fails allocating a streamed weight)"
-    ),
+    ("qwen3", "static", "third"): _STATIC_CACHE,
     ("phi", "static", "third"): (
         "VirtualDeviceOutOfMemory: the static-cache graph's plan underestimates its peak on "
         "virtual:0 (fails allocating an addmm output)"
