@@ -83,7 +83,7 @@ def _overwrite(path: Path, offset: int, data: bytes, keep_mtime: bool) -> None:
 
 
 def _no_buffers_lent(compiled: Any) -> None:
-    """Every pooled host buffer is back in the pool and no handle of a call is open."""
+    """Every pooled host read buffer is back in the pool."""
     graph = _graph(compiled)
     disk = graph.runtime.disk
     if disk is not None:
