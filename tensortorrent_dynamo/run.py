@@ -42,13 +42,14 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import CopyTimeout, VirtualDeviceOutOfMemory
 from .offload import DiskReader, FileGuard, HostBufferPool, ReadResult, TensorLocation
+from .settings import Settings
 from .units import format_bytes
 
 T = TypeVar("T")
 
 # How long a wait for a read or a copy may take before the call is abandoned with an error
-# naming it (``Settings.io_timeout_s`` sets it per session).
-DEFAULT_IO_TIMEOUT_S = 300.0
+# naming it, unless the session's settings say otherwise.
+DEFAULT_IO_TIMEOUT_S = Settings.io_timeout_s
 
 
 def _result(future: concurrent.futures.Future[T], timeout_s: float, what: str) -> T:

@@ -162,7 +162,10 @@ OPTION_HELP: dict[str, str] = {
         "size, e.g. '16MiB' (the default): weights read from disk are split into row chunks "
         "of at most this size; 0 turns it off"
     ),
-    "io_timeout_s": "seconds a call waits for one disk read or copy before failing (default 300)",
+    "io_timeout_s": (
+        "seconds a call waits for one disk read or copy before failing "
+        f"(default {Settings.io_timeout_s:g})"
+    ),
     "verify": "bool: check the first call segment by segment against eager (a debug mode)",
     "profile": (
         "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
@@ -309,9 +312,11 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
     )
 
     io_timeout_s = merged.get("io_timeout_s", Settings.io_timeout_s)
-    if isinstance(io_timeout_s, bool) or not isinstance(io_timeout_s, (int, float)):
-        raise OptionsError(f"option 'io_timeout_s': expected seconds > 0, got {io_timeout_s!r}")
-    if not io_timeout_s > 0:
+    if (
+        isinstance(io_timeout_s, bool)
+        or not isinstance(io_timeout_s, (int, float))
+        or not io_timeout_s > 0
+    ):
         raise OptionsError(f"option 'io_timeout_s': expected seconds > 0, got {io_timeout_s!r}")
 
     return Settings(
