@@ -13,6 +13,7 @@ from .backend import CompiledGraph, TensorTorrentBackend
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import CheckpointError, TensorTorrentError
 from .explain import explain
+from .functional import capture
 from .homes import bind_checkpoint
 from .settings import parse_options
 from .trace import write_trace
@@ -155,17 +156,13 @@ def load(
 
 
 def export_cost_graphs(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[CostGraph]:
-    """The cost graph of every graph Dynamo captures from ``model`` (one per graph break).
+    """The cost graph of the functional graph of every graph Dynamo captures from ``model``
+    (one per graph break): what the backend plans.
 
     Nothing is planned; save each with ``CostGraph.save`` to plan it offline
     (``tensortorrent cost-graph FILE``) or to attach it to a bug report.
     """
-    graphs: list[CostGraph] = []
-
-    def capture(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        graphs.append(build_cost_graph(gm, inputs))
-        return gm.forward
-
-    with torch.no_grad():
-        torch.compile(model, backend=capture)(*example_inputs)
-    return graphs
+    return [
+        build_cost_graph(gm, inputs.values, inputs.params)
+        for gm, inputs in capture(model, *example_inputs)
+    ]

@@ -1,4 +1,5 @@
-"""The registered backend: options → settings → profile → cost graph → plan → rewrite → compile.
+"""The registered backend: options → settings → functional graph → profile → cost graph →
+plan → rewrite → compile.
 
 ``torch.compile(model, backend="tensortorrent")`` finds :data:`tensortorrent_backend`
 through the ``torch_dynamo_backends`` entry point. Dynamo calls it once per
@@ -14,7 +15,7 @@ import hashlib
 import logging
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ._logs import PLAN_ARTIFACT, register
 from .chunking import ChunkedGraph, WeightChunker
 from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
+from .functional import GraphInputs, functional
 from .errors import (
     OptionsError,
     PlanInfeasible,
@@ -329,16 +331,23 @@ class TensorTorrentBackend:
         *,
         options: Mapping[str, Any] | None = None,
         mode: str | None = None,
-    ) -> CompiledGraph:
+    ) -> Callable[..., Any]:
         if mode is not None:
             raise OptionsError(
                 f"tensortorrent does not use mode={mode!r}; pass options={{...}} instead "
                 "(see tensortorrent_dynamo.settings.OPTION_HELP)"
             )
         settings = parse_options({**self.default_options, **(options or {})})
+        return functional(gm, example_inputs, lambda g, i: self.compile_graph(g, i, settings))
+
+    def compile_graph(
+        self, gm: torch.fx.GraphModule, graph_inputs: GraphInputs, settings: Settings
+    ) -> CompiledGraph:
+        """Plan, rewrite and compile one functional graph (see :mod:`.functional`)."""
+        example_inputs = graph_inputs.values
         session = self._session(settings)
         profile = host_profile(settings)
-        cost = build_cost_graph(gm, example_inputs)
+        cost = build_cost_graph(gm, example_inputs, graph_inputs.params)
         source = (hashlib.sha256(gm.code.encode()).hexdigest(), saved_plan.graph_hash(cost))
         if source in session.by_source:
             # A recompile (a guard failed) that produced the same graph with the same
@@ -361,7 +370,9 @@ class TensorTorrentBackend:
         def plan_with(cost: CostGraph, held: Mapping[str, int]) -> GraphPlan:
             nonlocal chunker
             chunker = (
-                WeightChunker(gm, example_inputs, cost, settings.stream_chunk_bytes)
+                WeightChunker(
+                    gm, example_inputs, cost, settings.stream_chunk_bytes, graph_inputs.params
+                )
                 if settings.stream_chunk_bytes
                 else None
             )

@@ -3,9 +3,9 @@
 A weight read from disk whole costs the host a whole copy of it per read buffer (two for a
 double buffer), and its read overlaps nothing of its own layer. So when a weight's home is
 disk, it is larger than ``stream_chunk_bytes`` and every use of it is as the weight of a
-linear layer, this pass splits it into row chunks: the graph takes one input per row range
-in its place, and each ``linear(x, W, b)`` becomes ``cat([linear(x, W[r0:r1], b[r0:r1]),
-...], -1)``. To the planner each chunk is a parameter of its own, keyed ``fqn[r0:r1]``: it
+linear layer (in the functional graph: ``mm(x, t(W))`` or ``addmm(b, x, t(W))``), this
+pass splits it into row chunks: the graph takes one input per row range in its place, and
+each ``addmm(b, x, t(W))`` becomes ``cat([addmm(b[r0:r1], x, t(W[r0:r1])), ...], -1)``. To the planner each chunk is a parameter of its own, keyed ``fqn[r0:r1]``: it
 keeps as many chunks in RAM as fit, staging costs two chunks, and each chunk's read
 overlaps the compute of the chunk before it.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,8 +31,10 @@ import torch.fx
 from .cost_graph import CostGraph, ParamRef, build_cost_graph
 from .homes import Weight
 
-# what Dynamo emits for nn.Linear and F.linear (the same function)
-LINEAR: tuple[Callable[..., Any], ...] = (torch._C._nn.linear,)
+aten = torch.ops.aten
+# what a linear layer becomes in the functional graph: a matmul with the transposed
+# weight, and the position of that transpose among the matmul's arguments
+MATMUL_WEIGHT: dict[Any, int] = {aten.mm.default: 1, aten.addmm.default: 2}
 
 
 def chunk_key(fqn: str, start: int, stop: int) -> str:
@@ -96,7 +98,7 @@ class ChunkedGraph:
     """A graph whose large weights were split into row chunks, and how to feed it.
 
     ``inputs[j]`` says where the ``j``-th input of ``module`` comes from: the position of
-    the input Dynamo passes and, for a row chunk, which rows of it.
+    the graph's input (what the caller passes) and, for a row chunk, which rows of it.
     """
 
     module: torch.fx.GraphModule
@@ -121,6 +123,17 @@ class ChunkedGraph:
                 weights.append(Weight(chunk.parent, args[i], (chunk.start, chunk.stop)))
         return weights
 
+    def fqns(self, param_fqns: Mapping[int, str]) -> dict[int, str]:
+        """Position -> fqn of each parameter input of ``module`` (a chunk's is its key),
+        from those of the graph it was cut from."""
+        fqns = {}
+        for j, (i, chunk) in enumerate(self.inputs):
+            if chunk is not None:
+                fqns[j] = chunk.key
+            elif i in param_fqns:
+                fqns[j] = param_fqns[i]
+        return fqns
+
     def parent(self, param: ParamRef) -> str:
         """The fqn of the whole parameter ``param`` is (rows of)."""
         chunk = self.inputs[param.arg_index][1]
@@ -128,7 +141,7 @@ class ChunkedGraph:
 
 
 class WeightChunker:
-    """The chunking pass over one Dynamo graph, as :func:`plan.plan_graph`'s ``split``:
+    """The chunking pass over one functional graph, as :func:`plan.plan_graph`'s ``split``:
     given each parameter's home, the cost graph with the large disk-homed weights of
     linear layers in row chunks, and the homes of its parameters (a chunk's is its
     weight's). :meth:`graph_for` gives back the graph a plan was made for."""
@@ -139,8 +152,10 @@ class WeightChunker:
         example_inputs: Sequence[Any],
         cost: CostGraph,
         chunk_bytes: int,
+        param_fqns: Mapping[int, str],
     ) -> None:
         self.gm = gm
+        self.param_fqns = param_fqns
         self.example_inputs = example_inputs
         self.cost = cost
         self.chunk_bytes = chunk_bytes
@@ -159,7 +174,9 @@ class WeightChunker:
         chunked = split_weights(self.gm, ranges)
         # the weights as they are now (views of live ones); not kept: a view would keep the
         # RAM of a weight released later alive
-        cost = build_cost_graph(chunked.module, chunked.expand(self.example_inputs))
+        cost = build_cost_graph(
+            chunked.module, chunked.expand(self.example_inputs), chunked.fqns(self.param_fqns)
+        )
         chunked.cost = cost
         self._graphs.append(chunked)
         home_of = {p.fqn: h for p, h in zip(self.cost.params, homes, strict=True)}
@@ -177,30 +194,42 @@ class WeightChunker:
             return False
         if not node.meta["example_value"].is_contiguous():
             return False
-        return bool(node.users) and all(_weight_of_linear(user, node) for user in node.users)
+        return bool(node.users) and all(_transposed_for_matmuls(user) for user in node.users)
 
 
-def _weight_of_linear(user: torch.fx.Node, weight: torch.fx.Node) -> bool:
-    """Whether ``user`` is ``linear(x, weight[, bias])`` with ``weight`` nowhere else."""
-    if user.op != "call_function" or user.target not in LINEAR:
+def _transposed_for_matmuls(user: torch.fx.Node) -> bool:
+    """Whether ``user`` is ``t(weight)`` used only as the weight of matmuls."""
+    if user.op != "call_function" or user.target is not aten.t.default:
         return False
-    if not 2 <= len(user.args) <= 3 or set(user.kwargs) - {"bias"} or user.args[1] is not weight:
+    return bool(user.users) and all(_matmul_weight(m, user) for m in user.users)
+
+
+def _matmul_weight(user: torch.fx.Node, transposed: torch.fx.Node) -> bool:
+    """Whether ``user`` is ``mm(x, transposed)`` or ``addmm(bias, x, transposed)`` with a
+    1-D bias and ``transposed`` nowhere else (what a linear layer becomes)."""
+    if user.op != "call_function" or user.target not in MATMUL_WEIGHT or user.kwargs:
         return False
-    others = [user.args[0], *user.args[2:], *user.kwargs.values()]
-    return all(arg is not weight for arg in others)
+    at = MATMUL_WEIGHT[user.target]
+    if len(user.args) != at + 1 or user.args[at] is not transposed:
+        return False
+    if any(arg is transposed for arg in user.args[:at]):
+        return False
+    if user.target is aten.addmm.default:
+        bias = user.args[0]
+        fake = bias.meta.get("example_value") if isinstance(bias, torch.fx.Node) else None
+        return isinstance(fake, torch.Tensor) and fake.dim() == 1
+    return True
 
 
 def split_weights(
     gm: torch.fx.GraphModule, ranges: dict[str, tuple[str, list[tuple[int, int]]]]
 ) -> ChunkedGraph:
     """A copy of ``gm`` where each placeholder named in ``ranges`` (its fqn and row ranges)
-    is replaced by one placeholder per row range, and each linear layer using it by the
-    concatenation of one linear per range. ``gm`` is not changed."""
+    is replaced by one placeholder per row range, and each matmul using it by the
+    concatenation of one matmul per range. ``gm`` is not changed."""
     graph = copy.deepcopy(gm.graph)  # nodes copied, their meta shallowly
     module = torch.fx.GraphModule(gm, graph)
     module.meta = dict(gm.meta)
-    names = dict(module.meta.get("dynamo_flat_name_to_original_fqn", {}))
-    module.meta["dynamo_flat_name_to_original_fqn"] = names  # how cost_graph names chunks
     inputs: list[tuple[int, RowChunk | None]] = []
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for position, node in enumerate(placeholders):
@@ -212,43 +241,47 @@ def split_weights(
         parts = []
         for start, stop in rows:
             chunk = RowChunk(fqn, start, stop)
-            target = f"{node.target}rows_{start}_{stop}_"
             with graph.inserting_before(node):
-                part = graph.placeholder(target)
-            part.meta = {
-                k: v for k, v in node.meta.items() if k not in ("grapharg", "example_value")
-            }
+                part = graph.placeholder(f"{node.target}_rows_{start}_{stop}")
+            part.meta = {k: v for k, v in node.meta.items() if k not in ("val", "example_value")}
             with fake.fake_mode:
-                part.meta["example_value"] = torch.empty(
+                value = torch.empty(
                     (stop - start, *fake.shape[1:]), dtype=fake.dtype, device=fake.device
                 )
-            names[target] = chunk.key
+            part.meta["val"] = part.meta["example_value"] = value
             parts.append((part, start, stop))
             inputs.append((position, chunk))
-        for user in list(node.users):
-            _split_linear(graph, user, parts)
+        for transposed in list(node.users):
+            for user in list(transposed.users):
+                _split_matmul(graph, user, parts)
+            graph.erase_node(transposed)
         graph.erase_node(node)
     graph.lint()
     module.recompile()
     return ChunkedGraph(module=module, inputs=tuple(inputs))
 
 
-def _split_linear(
-    graph: torch.fx.Graph, linear: torch.fx.Node, parts: list[tuple[torch.fx.Node, int, int]]
+def _split_matmul(
+    graph: torch.fx.Graph, matmul: torch.fx.Node, parts: list[tuple[torch.fx.Node, int, int]]
 ) -> None:
-    """Replace ``linear(x, W, b)`` by ``cat([linear(x, W_i, b[r0:r1]) ...], -1)``."""
-    x = linear.args[0]
-    bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
-    with graph.inserting_before(linear):
+    """Replace ``mm(x, t(W))`` by ``cat([mm(x, t(W_i)) ...], -1)``, and
+    ``addmm(b, x, t(W))`` by ``cat([addmm(b[r0:r1], x, t(W_i)) ...], -1)``."""
+    bias = matmul.args[0] if matmul.target is aten.addmm.default else None
+    x = matmul.args[-2]
+    with graph.inserting_before(matmul):
         outs = []
         for part, start, stop in parts:
-            part_bias = None
-            if bias is not None:
-                part_bias = _call(graph, torch.narrow, (bias, 0, start, stop - start), linear)
-            outs.append(_call(graph, linear.target, (x, part, part_bias), linear))
-        cat = _call(graph, torch.cat, (outs, -1), linear)
-    linear.replace_all_uses_with(cat)
-    graph.erase_node(linear)
+            transposed = _call(graph, aten.t.default, (part,), matmul)
+            if bias is None:
+                outs.append(_call(graph, aten.mm.default, (x, transposed), matmul))
+            else:
+                part_bias = _call(graph, aten.slice.Tensor, (bias, 0, start, stop), matmul)
+                outs.append(
+                    _call(graph, aten.addmm.default, (part_bias, x, transposed), matmul)
+                )
+        cat = _call(graph, aten.cat.default, (outs, -1), matmul)
+    matmul.replace_all_uses_with(cat)
+    graph.erase_node(matmul)
 
 
 def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...], like: torch.fx.Node) -> Any:
@@ -260,5 +293,5 @@ def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...], like: torch
             node.meta[key] = like.meta[key]
     fakes = torch.fx.node.map_arg(args, lambda n: n.meta["example_value"])
     with like.meta["example_value"].fake_mode:
-        node.meta["example_value"] = target(*fakes)
+        node.meta["val"] = node.meta["example_value"] = target(*fakes)
     return node

@@ -352,6 +352,18 @@ def fqn_of(placeholder: str, original_fqns: dict[str, str]) -> str:
     return ".".join(p for p in parts if p)
 
 
+def dynamo_params(gm: torch.fx.GraphModule) -> dict[int, str]:
+    """Position -> fqn of each placeholder of a Dynamo graph that is a parameter or buffer
+    (a static input); positions count placeholders only."""
+    original_fqns: dict[str, str] = dict(gm.meta.get("dynamo_flat_name_to_original_fqn", {}))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {
+        i: fqn_of(str(node.target), original_fqns)
+        for i, node in enumerate(placeholders)
+        if is_static_input(node)
+    }
+
+
 def _example(node: torch.fx.Node) -> Any:
     return node.meta.get("example_value", node.meta.get("val"))
 
@@ -427,34 +439,41 @@ def _assumed_sizes(gm: torch.fx.GraphModule) -> dict[str, int]:
 class _Builder:
     """Walks the FX graph once, in order, collecting nodes, parameters and storages."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[object],
+        param_fqns: Mapping[int, str],
+    ) -> None:
         self.gm = gm
         self.example_inputs = example_inputs
-        self.original_fqns: dict[str, str] = dict(
-            gm.meta.get("dynamo_flat_name_to_original_fqn", {})
-        )
+        self.param_fqns = param_fqns
         self.index: dict[torch.fx.Node, int] = {}
         self.param_of: dict[torch.fx.Node, int] = {}
         self.nodes: list[dict[str, Any]] = []
         self.params: list[dict[str, Any]] = []
         self.output_ids: list[int] = []
-        self.param_storages: set[int] = set()
+        # storage key of each parameter -> the parameter's index
+        self.param_storages: dict[int, int] = {}
+        # node -> the parameters its value is a view of (``t(weight)`` in a functional
+        # graph): a reader of the view reads the parameter, so it is a user of it too
+        self.views_of: dict[torch.fx.Node, set[int]] = {}
         # storage key -> [first node, bytes, nodes whose value refers to it]
         self.storages: dict[int, list[Any]] = {}
 
     def placeholder(self, node: torch.fx.Node, position: int) -> None:
         real = self.example_inputs[position]
         value = real if isinstance(real, torch.Tensor) else _example(node)
-        if is_static_input(node) and isinstance(value, torch.Tensor):
+        if position in self.param_fqns and isinstance(value, torch.Tensor):
             self.param_of[node] = len(self.params)
             fake = _example(node)
             if isinstance(fake, torch.Tensor):
-                self.param_storages.add(_storage_key(fake))
+                self.param_storages[_storage_key(fake)] = len(self.params)
             self.params.append(
                 {
                     "placeholder": node.name,
                     "arg_index": position,
-                    "fqn": fqn_of(str(node.target), self.original_fqns),
+                    "fqn": self.param_fqns[position],
                     "nbytes": tensor_bytes(value),
                     "dtype": str(value.dtype).removeprefix("torch."),
                     "shape": tuple(_hint(s) for s in value.shape),
@@ -477,11 +496,12 @@ class _Builder:
         my_id = len(self.nodes)
         inputs: list[int] = []
         for arg in node.all_input_nodes:
-            if arg in self.param_of:
-                users = self.params[self.param_of[arg]]["users"]
+            read = {self.param_of[arg]} if arg in self.param_of else self.views_of.get(arg, set())
+            for pid in read:
+                users = self.params[pid]["users"]
                 if my_id not in users:
                     users.append(my_id)
-            elif arg in self.index and self.index[arg] not in inputs:
+            if arg in self.index and self.index[arg] not in inputs:
                 inputs.append(self.index[arg])
         fallback: str | None = None
         try:
@@ -520,6 +540,7 @@ class _Builder:
         for leaf in _leaves(value):
             key = _storage_key(leaf)
             if key in self.param_storages:
+                self.views_of.setdefault(node, set()).add(self.param_storages[key])
                 continue
             if key not in self.storages:
                 self.storages[key] = [my_id, _storage_bytes(leaf), []]
@@ -567,9 +588,17 @@ class _Builder:
         )
 
 
-def build_cost_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> CostGraph:
-    """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks."""
-    builder = _Builder(gm, example_inputs)
+def build_cost_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[object],
+    param_fqns: Mapping[int, str] | None = None,
+) -> CostGraph:
+    """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks.
+
+    ``param_fqns`` names the inputs that are parameters or buffers, by position (as
+    :class:`functional.GraphInputs` does); for a Dynamo graph they can be read from its
+    placeholders (:func:`dynamo_params`, the default)."""
+    builder = _Builder(gm, example_inputs, dynamo_params(gm) if param_fqns is None else param_fqns)
     position = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":

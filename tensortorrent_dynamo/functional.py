@@ -1,0 +1,144 @@
+"""From Dynamo's graph to the functional ATen graph that is planned (AOTAutograd).
+
+Dynamo's graph is Python-level: it writes in place (a KV cache's ``index_copy_``,
+BatchNorm's running statistics), takes views, and calls composite ops. Partitioned
+across devices, an in-place write on one device lands on a copy and is lost. So the
+backend plans the graph ``aot_module_simplified`` gives instead, as Inductor does: ATen
+ops, functional (views and in-place ops on intermediates are gone), and each mutated
+graph input returned as an output whose value AOTAutograd's runtime wrapper copies back
+into the one real tensor after the call. Nothing is written on a stray copy.
+
+The functional graph takes the same inputs as Dynamo's, in the same order (with the
+module's own parameters and buffers first, where Dynamo did not lift them), so each of
+its inputs is matched to the real tensor Dynamo passed: :class:`GraphInputs`.
+A parameter or buffer the graph mutates is not a parameter to the planner (a resident
+copy of it would go stale): it is a graph input like an activation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .cost_graph import dynamo_params
+from .errors import UnsupportedNodeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInputs:
+    """What the functional graph's inputs are, position by position.
+
+    Attributes:
+        values: the real tensors (and sizes) Dynamo passed, in the functional graph's
+            order.
+        params: position -> fqn of each parameter or buffer the graph only reads: what
+            the planner may keep resident, stream or leave on disk.
+        mutated: fqns of the parameters and buffers the graph writes (their new values
+            are the graph's first outputs).
+    """
+
+    values: tuple[Any, ...]
+    params: Mapping[int, str]
+    mutated: tuple[str, ...] = ()
+
+
+Compile = Callable[[torch.fx.GraphModule, GraphInputs], Callable[..., Any]]
+
+
+def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+    raise UnsupportedNodeError(
+        "TensorTorrent runs inference only; call the model under torch.no_grad() "
+        "or torch.inference_mode()"
+    )
+
+
+def functional(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: Compile
+) -> Callable[..., Any]:
+    """The callable Dynamo runs for ``gm``: its functional graph, compiled by
+    ``compile_graph`` (given the graph and :class:`GraphInputs`), behind AOTAutograd's
+    runtime wrapper (which writes mutated inputs back)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    lifted = [
+        *gm.named_parameters(remove_duplicate=False),
+        *gm.named_buffers(remove_duplicate=False),
+    ]
+    values = [t for _, t in lifted] + list(example_inputs)
+    names: dict[int, str] = {i: name for i, (name, _) in enumerate(lifted)}
+    names.update({len(lifted) + i: fqn for i, fqn in dynamo_params(gm).items()})
+
+    def fw_compiler(aten: torch.fx.GraphModule, fakes: Sequence[Any]) -> Any:
+        if len(fakes) != len(values):
+            raise UnsupportedNodeError(
+                f"the functional graph takes {len(fakes)} inputs where Dynamo's graph takes "
+                f"{len(values)} (AOTAutograd merged duplicated or aliased inputs); "
+                "TensorTorrent cannot match them to the model's tensors"
+            )
+        context = torch._guards.TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        written = set()
+        if metadata is not None:
+            written = {
+                i
+                for i, info in enumerate(metadata.input_info)
+                if info.mutates_data or info.mutates_metadata
+            }
+        for node in aten.graph.nodes:  # the key the passes read, as in Dynamo's graphs
+            if "val" in node.meta:
+                node.meta.setdefault("example_value", node.meta["val"])
+        inputs = GraphInputs(
+            values=tuple(values),
+            params={i: fqn for i, fqn in names.items() if i not in written},
+            mutated=tuple(names[i] for i in sorted(written) if i in names),
+        )
+        if inputs.mutated:
+            log.info(
+                "the graph writes %d of its parameters and buffers (%s): they are inputs "
+                "it returns, written back after each call",
+                len(inputs.mutated),
+                ", ".join(inputs.mutated[:4]) + (", ..." if len(inputs.mutated) > 4 else ""),
+            )
+        # AOTAutograd calls this under its fake mode; planning allocates, copies and runs
+        # real tensors
+        with unset_fake_temporarily():
+            return make_boxed_func(compile_graph(aten, inputs))
+
+    # the graph traced for inference: the backward is refused above if ever asked for
+    with torch.no_grad():
+        return aot_module_simplified(  # type: ignore[no-any-return]
+            gm,
+            list(example_inputs),
+            fw_compiler=fw_compiler,
+            bw_compiler=_no_backward,
+            keep_inference_input_mutations=False,
+        )
+
+
+def capture(
+    fn: Callable[..., Any], *args: Any
+) -> list[tuple[torch.fx.GraphModule, GraphInputs]]:
+    """The functional graph of every graph Dynamo captures from ``fn(*args)`` (one per
+    graph break), with its inputs: what the backend plans. Nothing is planned or run but
+    the graphs themselves, eagerly, under ``torch.no_grad()``."""
+    graphs: list[tuple[torch.fx.GraphModule, GraphInputs]] = []
+
+    def keep(gm: torch.fx.GraphModule, inputs: GraphInputs) -> Callable[..., Any]:
+        graphs.append((gm, inputs))
+        return gm.forward
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return functional(gm, example_inputs, keep)
+
+    with torch.no_grad():
+        torch.compile(fn, backend=backend)(*args)
+    return graphs
