@@ -71,22 +71,12 @@ class CompiledGraph:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # with ``verify``: the captured graph, until the first call has been checked against it
     reference: torch.fx.GraphModule | None = None
-    _warned_grad: bool = False
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
         """(segment name, device) in execution order."""
         return [(name, getattr(self.module, name).device) for name in self.compilers]
 
     def __call__(self, *args: Any) -> Any:
-        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        if torch.is_grad_enabled() and needs_grad and not self._warned_grad:
-            self._warned_grad = True
-            warnings.warn(
-                "TensorTorrent runs inference only: outputs carry no autograd history. "
-                "Call the model under torch.no_grad() or torch.inference_mode().",
-                TensorTorrentWarning,
-                stacklevel=2,
-            )
         # One call at a time per session: a call takes the plan's buffers and budgets whole,
         # so a second thread waits for it rather than both running over the budget.
         with self.lock:

@@ -103,6 +103,12 @@ class CostGraph:
 
     ``assumed_sizes`` maps each symbolic size of a dynamic-shape graph to the value
     the costs were computed with (Dynamo's hint).
+
+    ``runs_with`` gives, per node, the node whose segment it runs in, whatever device the
+    plan gives it (empty: each runs where the plan puts it). A view of a parameter
+    (``t(weight)``) runs with the node that reads it: there it is free (its bytes are the
+    parameter's, counted as the parameter), anywhere else it would be a copy of them. It
+    is costed as free, and its reader is the parameter's user.
     """
 
     nodes: tuple[CostNode, ...]
@@ -110,6 +116,7 @@ class CostGraph:
     output_ids: tuple[int, ...]
     storages: tuple[StorageSpan, ...] = ()
     assumed_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    runs_with: tuple[int, ...] = ()
 
     @property
     def total_flops(self) -> float:
@@ -150,6 +157,7 @@ class CostGraph:
             "output_ids": list(self.output_ids),
             "storages": [dataclasses.asdict(s) for s in self.storages],
             "assumed_sizes": dict(self.assumed_sizes),
+            "runs_with": list(self.runs_with),
         }
 
     @classmethod
@@ -179,6 +187,7 @@ class CostGraph:
                     _parse(StorageSpan, s, f"storages[{i}]") for i, s in _items(data, "storages")
                 ),
                 assumed_sizes=_check(dict[str, int], data["assumed_sizes"], "assumed_sizes"),
+                runs_with=_check(tuple[int, ...], data.get("runs_with", []), "runs_with"),
             )
             graph._check_indices()
         except (KeyError, TypeError, ValueError) as exc:
@@ -195,11 +204,13 @@ class CostGraph:
         named = [(f"nodes[{i}].inputs", node.inputs) for i, node in enumerate(self.nodes)]
         named += [(f"nodes[{i}].last_use", (node.last_use,)) for i, node in enumerate(self.nodes)]
         named += [(f"params[{i}].users", param.users) for i, param in enumerate(self.params)]
-        named += [("output_ids", self.output_ids)]
+        named += [("output_ids", self.output_ids), ("runs_with", self.runs_with)]
         named += [(f"storages[{i}]", (s.first, s.last)) for i, s in enumerate(self.storages)]
         for where, ids in named:
             if any(i > n for i in ids):
                 raise ValueError(f"{where} names node {max(ids)}; the graph has {n} nodes")
+        if self.runs_with and len(self.runs_with) != n:
+            raise ValueError(f"runs_with has {len(self.runs_with)} entries for {n} nodes")
         for i, span in enumerate(self.storages):
             if not span.first <= span.last or span.first >= n:
                 raise ValueError(f"storages[{i}] spans nodes {span.first}..{span.last} of {n}")
@@ -458,6 +469,8 @@ class _Builder:
         # node -> the parameters its value is a view of (``t(weight)`` in a functional
         # graph): a reader of the view reads the parameter, so it is a user of it too
         self.views_of: dict[torch.fx.Node, set[int]] = {}
+        # node id of such a view -> the node reading it
+        self.runs_with: dict[int, torch.fx.Node] = {}
         # storage key -> [first node, bytes, nodes whose value refers to it]
         self.storages: dict[int, list[Any]] = {}
 
@@ -492,17 +505,38 @@ class _Builder:
             is_graph_input=True,
         )
 
+    def _views_a_param(self, node: torch.fx.Node) -> set[int]:
+        """The parameters ``node``'s value is a view of, when it is a view of parameters
+        alone read by one node (so it can be taken where that node runs); else empty."""
+        users = list(node.users)
+        if node.op != "call_function" or len(users) != 1 or users[0].op == "output":
+            return set()
+        keys = [_storage_key(leaf) for leaf in _leaves(_example(node))]
+        if not keys or any(key not in self.param_storages for key in keys):
+            return set()
+        return {self.param_storages[key] for key in keys}
+
     def operation(self, node: torch.fx.Node) -> None:
         my_id = len(self.nodes)
         inputs: list[int] = []
+        views = self._views_a_param(node)
         for arg in node.all_input_nodes:
+            if arg in self.index and self.index[arg] not in inputs:
+                inputs.append(self.index[arg])
+            if views:
+                continue  # its reader is the parameters' user
             read = {self.param_of[arg]} if arg in self.param_of else self.views_of.get(arg, set())
             for pid in read:
                 users = self.params[pid]["users"]
                 if my_id not in users:
                     users.append(my_id)
-            if arg in self.index and self.index[arg] not in inputs:
-                inputs.append(self.index[arg])
+        if views:
+            # free where its parameters are (it runs with its reader: ``runs_with``)
+            self.views_of[node] = views
+            self.runs_with[my_id] = next(iter(node.users))
+            self.add(node, op=node.op, target=_target_name(node), flops=0.0, inputs=inputs,
+                     fallback=None)
+            return
         fallback: str | None = None
         try:
             flops = _count_flops(node)
@@ -553,7 +587,7 @@ class _Builder:
                 "op": op,
                 "target": target,
                 "flops": flops,
-                "out_bytes": tensor_bytes(value),
+                "out_bytes": 0 if node in self.views_of else tensor_bytes(value),
                 "inputs": tuple(inputs),
                 "host_only": is_graph_input or fallback is not None,
                 "is_graph_input": is_graph_input,
@@ -585,7 +619,18 @@ class _Builder:
             output_ids=tuple(self.output_ids),
             storages=tuple(sorted(spans, key=lambda s: (s.first, s.last, s.nbytes))),
             assumed_sizes=_assumed_sizes(self.gm),
+            runs_with=self._runs_with(),
         )
+
+    def _runs_with(self) -> tuple[int, ...]:
+        """Per node, the node in whose segment it runs: itself, or for a view of parameters,
+        the first node on from it that is not such a view."""
+        if not self.runs_with:
+            return ()
+        target = list(range(len(self.nodes)))
+        for nid in sorted(self.runs_with, reverse=True):  # a reader comes after its view
+            target[nid] = target[self.index[self.runs_with[nid]]]
+        return tuple(target)
 
 
 def build_cost_graph(

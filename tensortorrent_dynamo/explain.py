@@ -165,8 +165,8 @@ def explain_graph(graph: CompiledGraph) -> str:
     )
 
     seg_nodes: dict[int, list[int]] = {}
-    for nid, seg in enumerate(native.node_segment):
-        seg_nodes.setdefault(seg, []).append(nid)
+    for nid in range(len(cost.nodes)):
+        seg_nodes.setdefault(plan.node_segment(nid), []).append(nid)
     measured: dict[str, float] = {}
     for event in graph.runtime.recorder.events:
         if event.kind == "segment":

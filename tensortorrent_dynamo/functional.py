@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
 
 from .cost_graph import dynamo_params
-from .errors import UnsupportedNodeError
+from .errors import TensorTorrentWarning, UnsupportedNodeError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,47 @@ class GraphInputs:
 
 
 Compile = Callable[[torch.fx.GraphModule, GraphInputs], Callable[..., Any]]
+
+
+def _storage(value: object) -> StorageWeakRef | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    return StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
+
+
+def param_view_nodes(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> set[torch.fx.Node]:
+    """The operations of ``gm`` whose value is a view of a parameter (``t(weight)``): every
+    tensor they return shares a parameter's storage."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    storages = {_storage(placeholders[i].meta.get("val")) for i in params} - {None}
+    views = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        leaves = tree_flatten(node.meta.get("val"))[0]
+        keys = [_storage(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if keys and all(key in storages for key in keys):
+            views.add(node)
+    return views
+
+
+def one_reader_per_param_view(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> None:
+    """Copy each view of a parameter that several nodes read, one copy per reader, so that
+    a view can be taken where it is read: a view is free where its parameter is, and
+    passing one from a device to another would copy the parameter's bytes (see
+    ``CostGraph.runs_with``)."""
+    views = param_view_nodes(gm, params)
+    if not views:
+        return
+    for node in reversed(list(gm.graph.nodes)):
+        if node not in views or len(node.users) < 2:
+            continue
+        for user in list(node.users)[1:]:
+            with gm.graph.inserting_before(user):
+                copy = gm.graph.node_copy(node)
+            user.replace_input_with(node, copy)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
@@ -108,6 +152,7 @@ def functional(
                 len(inputs.mutated),
                 ", ".join(inputs.mutated[:4]) + (", ..." if len(inputs.mutated) > 4 else ""),
             )
+        one_reader_per_param_view(aten, inputs.params)
         # AOTAutograd calls this under its fake mode; planning allocates, copies and runs
         # real tensors
         with unset_fake_temporarily():
@@ -115,13 +160,29 @@ def functional(
 
     # the graph traced for inference: the backward is refused above if ever asked for
     with torch.no_grad():
-        return aot_module_simplified(  # type: ignore[no-any-return]
+        compiled = aot_module_simplified(
             gm,
             list(example_inputs),
             fw_compiler=fw_compiler,
             bw_compiler=_no_backward,
             keep_inference_input_mutations=False,
         )
+    warned = False
+
+    def run(*args: Any) -> Any:
+        nonlocal warned
+        if not warned and torch.is_grad_enabled():
+            if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                warned = True
+                warnings.warn(
+                    "TensorTorrent runs inference only: outputs carry no autograd history. "
+                    "Call the model under torch.no_grad() or torch.inference_mode().",
+                    TensorTorrentWarning,
+                    stacklevel=2,
+                )
+        return compiled(*args)
+
+    return run
 
 
 def capture(

@@ -60,8 +60,14 @@ class GraphPlan:
     def predicted_time_s(self) -> float:
         return self.native.predicted_time_s
 
+    def node_segment(self, node_id: int) -> int:
+        """The segment the node runs in: the plan's, or for a view of a parameter its
+        reader's (``CostGraph.runs_with``)."""
+        runs_with = self.cost.runs_with
+        return self.native.node_segment[runs_with[node_id] if runs_with else node_id]
+
     def node_device(self, node_id: int) -> str:
-        return self.devices[self.native.node_device[node_id]].name
+        return self.segment_device(self.node_segment(node_id))
 
     def segment_device(self, segment: int) -> str:
         return self.devices[self.native.segment_device[segment]].name

@@ -44,11 +44,11 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
     cost = plan.cost
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
-    node_segment = plan.native.node_segment
-
     for node in gm.graph.nodes:
         node.meta[SOURCE_NAME] = node.name
-    parent = split_module(gm, gm, lambda n: node_segment[node_id[n.name]], keep_original_order=True)
+    parent = split_module(
+        gm, gm, lambda n: plan.node_segment(node_id[n.name]), keep_original_order=True
+    )
     parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph
     params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}

@@ -45,15 +45,15 @@ Devices
   virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
   host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
-Graph 0: 7 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 2fb6368321de4a9f
-  candidates (searched all families: 2666 candidates simulated (18662 nodes)):
+Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 7e47b112a13d9b10
+  candidates (searched all families: 4814 candidates simulated (48140 nodes)):
     single-device: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
     knapsack: all-on-virtual:0/knapsack 11.1 us | all-on-virtual:0/knapsack/window-9KiB 11.1 us
   lower bound 6.0 us (busiest resource's work); predicted / bound 1.84x; busy: virtual:0 54%, cpu 45%, cpu->virtual:0 5%
   segment   device     compiler  nodes  FLOPs       params resident  streamed  copied in  measured
-  submod_1  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>
-  submod_2  virtual:0  eager     2      8.19 kFLOP  4.00 KiB         128 B     0 B        <time>
-  submod_3  virtual:0  eager     2      8.19 kFLOP  128 B            4.00 KiB  0 B        <time>
+  submod_1  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>
+  submod_2  virtual:0  eager     3      8.19 kFLOP  4.00 KiB         128 B     0 B        <time>
+  submod_3  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  0 B        <time>
   streamed parameters (3, prefetched one segment ahead, evicted after last use): 0.weight, 2.bias, 4.weight
   predicted time: 11.1 us, measured (last call): <time>
 
@@ -73,21 +73,21 @@ Predicted time per forward: 11.1 us""",
         self.assertExpectedInline(
             "\n".join(calls),
             """\
-prefetch = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_0_parameters_weight_, '0.weight', 'virtual:0')
-prefetch_1 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_2_parameters_bias_, '2.bias', 'virtual:0')
-transfer = tensortorrent_dynamo_run_transfer(tt_runtime, l_args_0_, 'virtual:0')
+prefetch = tensortorrent_dynamo_run_prefetch(tt_runtime, arg0_1, '0.weight', 'virtual:0')
+prefetch_1 = tensortorrent_dynamo_run_prefetch(tt_runtime, arg4_1, '2.bias', 'virtual:0')
 wait = tensortorrent_dynamo_run_wait(prefetch)
-resident = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_0_parameters_bias_, '0.bias', 'virtual:0')
-submod_1 = self.submod_1(transfer, wait, resident)
+resident = tensortorrent_dynamo_run_resident(tt_runtime, arg1_1, '0.bias', 'virtual:0')
+transfer = tensortorrent_dynamo_run_transfer(tt_runtime, arg2_1, 'virtual:0')
+submod_1 = self.submod_1(wait, resident, transfer)
 evict = tensortorrent_dynamo_run_evict(prefetch)
-prefetch_2 = tensortorrent_dynamo_run_prefetch(tt_runtime, l_fn_modules_4_parameters_weight_, '4.weight', 'virtual:0')
-resident_1 = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_2_parameters_weight_, '2.weight', 'virtual:0')
+prefetch_2 = tensortorrent_dynamo_run_prefetch(tt_runtime, arg5_1, '4.weight', 'virtual:0')
+resident_1 = tensortorrent_dynamo_run_resident(tt_runtime, arg3_1, '2.weight', 'virtual:0')
 wait_1 = tensortorrent_dynamo_run_wait(prefetch_1)
-submod_2 = self.submod_2(submod_1, resident_1, wait_1)
+submod_2 = self.submod_2(resident_1, wait_1, submod_1)
 evict_1 = tensortorrent_dynamo_run_evict(prefetch_1)
 wait_2 = tensortorrent_dynamo_run_wait(prefetch_2)
-resident_2 = tensortorrent_dynamo_run_resident(tt_runtime, l_fn_modules_4_parameters_bias_, '4.bias', 'virtual:0')
-submod_3 = self.submod_3(submod_2, wait_2, resident_2)
+resident_2 = tensortorrent_dynamo_run_resident(tt_runtime, arg6_1, '4.bias', 'virtual:0')
+submod_3 = self.submod_3(wait_2, resident_2, submod_2)
 evict_2 = tensortorrent_dynamo_run_evict(prefetch_2)
 transfer_1 = tensortorrent_dynamo_run_transfer(tt_runtime, submod_3, 'cpu')""",
         )

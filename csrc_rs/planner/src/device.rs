@@ -59,9 +59,14 @@ impl Device {
 
     /// Seconds this device needs to run a node of `flops` operations that
     /// moves `bytes` through device memory: the slower of compute and
-    /// memory traffic, plus the fixed latency.
+    /// memory traffic, plus the fixed latency. A node that computes and
+    /// moves nothing (a graph input, a view of a parameter taken where it is
+    /// read) takes no time.
     #[must_use]
     pub fn node_time(&self, flops: f64, bytes: u64) -> f64 {
+        if flops == 0.0 && bytes == 0 {
+            return 0.0;
+        }
         let compute = flops / self.flops_per_s;
         let traffic = bytes as f64 / self.mem_bytes_per_s;
         compute.max(traffic) + self.latency_s

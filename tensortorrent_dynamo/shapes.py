@@ -1,0 +1,75 @@
+"""Dynamic shapes: which sizes a plan was made for, and when to plan again.
+
+A graph Dynamo compiled with symbolic sizes runs at many sizes, and the memory a plan
+needs grows with them. A plan is made for a range of sizes: each symbol up to the next
+power of two of its value (``s0 = 5`` plans for ``s0 <= 8``), costed at that bound, so
+the budgets hold for every size in the range. A call with a size beyond the range plans
+again, for the range holding it (``5 < s0 <= 8`` is one range, ``8 < s0 <= 16`` the
+next); each range's plan is kept, so sizes that come back reuse it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+
+def bound(value: int) -> int:
+    """The largest size of the range holding ``value``: the next power of two."""
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def format_range(bounds: Mapping[str, int]) -> str:
+    """``s0 <= 8, s1 <= 16``."""
+    return ", ".join(f"{name} <= {value}" for name, value in sorted(bounds.items())) or "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolicSizes:
+    """Where each free symbol of a graph's input sizes is read from its inputs: the
+    position of an input and the dimension (``None`` for a size passed as an int)."""
+
+    where: Mapping[str, tuple[int, int | None]]
+    # symbol name -> the value it was traced with
+    hints: Mapping[str, int]
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule) -> SymbolicSizes:
+        where: dict[str, tuple[int, int | None]] = {}
+        hints: dict[str, int] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for position, node in enumerate(placeholders):
+            value = node.meta.get("val", node.meta.get("example_value"))
+            dims: list[tuple[int | None, Any]]
+            if isinstance(value, torch.Tensor):
+                dims = list(enumerate(value.shape))
+            else:
+                dims = [(None, value)]
+            for dim, size in dims:
+                if not isinstance(size, torch.SymInt):
+                    continue
+                expr = size.node.expr
+                if getattr(expr, "is_Symbol", False) and str(expr) not in where:
+                    where[str(expr)] = (position, dim)
+                    hint = size.node.hint
+                    hints[str(expr)] = int(hint) if hint is not None else 1
+        return cls(where=where, hints=hints)
+
+    def __bool__(self) -> bool:
+        return bool(self.where)
+
+    def values(self, args: Sequence[Any]) -> dict[str, int]:
+        """Each symbol's value in a call with ``args``."""
+        values = {}
+        for name, (position, dim) in self.where.items():
+            arg = args[position]
+            values[name] = int(arg.shape[dim] if dim is not None else arg)
+        return values
+
+    def bounds(self, values: Mapping[str, int]) -> dict[str, int]:
+        """The range holding ``values``: each symbol's upper bound."""
+        return {name: bound(value) for name, value in values.items()}
