@@ -71,6 +71,11 @@ class CompiledGraph:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # with ``verify``: the captured graph, until the first call has been checked against it
     reference: torch.fx.GraphModule | None = None
+    # the Dynamo frame the graph was captured from (``None`` outside Dynamo): the graphs of
+    # one frame are alternatives, one of them runs per call (``Session.kept_beside``)
+    frame: int | None = None
+    # run before each call: makes this graph's resident copies the ones held
+    enter: Callable[[CompiledGraph], None] | None = None
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
         """(segment name, device) in execution order."""
@@ -90,6 +95,8 @@ class CompiledGraph:
             return self._run(args)
 
     def _run(self, args: Sequence[Any]) -> Any:
+        if self.enter is not None:
+            self.enter(self)
         if self.chunks is not None:
             args = tuple(self.chunks.expand(args))
         self.calls += 1
@@ -123,27 +130,66 @@ class Session:
     # one call of one of the session's graphs at a time
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    # the graph whose resident copies are held now
+    current: CompiledGraph | None = None
+
+    def kept_beside(self, frame: int | None) -> frozenset[tuple[str, str]]:
+        """(fqn, device) of the resident copies held whatever graph of ``frame`` runs: those
+        of the graphs of other frames. Graph breaks are frames of their own and run one
+        after the other, so each keeps its copies. The graphs of one frame (recompiles for
+        other guards or shapes, the size ranges of a dynamic graph) are alternatives, one
+        of them runs per call: when one runs, the copies only the others keep are dropped
+        (:meth:`enter`), and each is planned as if they were not there."""
+        return frozenset().union(
+            *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
+        )
+
+    def enter(self, graph: CompiledGraph) -> None:
+        """Before ``graph`` runs: drop the resident copies that only the other graphs of its
+        frame keep (``graph`` makes its own again as it runs, if one was dropped)."""
+        if self.current is graph:
+            return
+        self.current = graph
+        self.make_room(graph.plan, graph.frame)
+
+    def make_room(self, plan: GraphPlan, frame: int | None) -> None:
+        """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""
+        keep = resident_set(plan) | self.kept_beside(frame)
+        dropped = self.resident.evict(lambda fqn, device: (fqn, device) in keep)
+        if dropped:
+            log.info(
+                "graph %d runs: %d resident copies only other graphs of its frame keep "
+                "were dropped",
+                plan.graph_index,
+                len(dropped),
+            )
+
     def resident_bytes(
-        self, exclude: frozenset[str] = frozenset(), everywhere: bool = False
+        self,
+        frame: int | None,
+        exclude: frozenset[str] = frozenset(),
+        everywhere: bool = False,
     ) -> dict[str, int]:
-        """Bytes held for good per device by the graphs so far: their resident copies and,
-        on the host, the weights their plans keep in RAM as they are, less those of the
-        parameters named in ``exclude`` on the host (a new graph that uses them counts
-        them itself). A model of several graphs thus fits its budgets as a whole, graph by
-        graph. Resident copies on an accelerator all count, as they stay there whatever the
-        new graph decides (see :func:`_share_resident`); with ``everywhere``, those named in
-        ``exclude`` are left out there too, as if the new graph's plan were to keep the
-        same ones resident."""
+        """Bytes held for good per device beside a new graph of ``frame``: the resident
+        copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
+        weights the plans keep in RAM as they are, less those of the parameters named in
+        ``exclude`` on the host (a new graph that uses them counts them itself). A model of
+        several graphs thus fits its budgets as a whole, graph by graph. Resident copies on
+        an accelerator all count, as they stay there whatever the new graph decides (see
+        :func:`_share_resident`); with ``everywhere``, those named in ``exclude`` are left
+        out there too, as if the new graph's plan were to keep the same ones resident."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
-        names = {d.name for g in self.graphs for d in g.plan.devices}
-        held = {
-            name: runtime.resident_bytes(
-                name, exclude if name == "cpu" or everywhere else frozenset()
-            )
-            for name in sorted(names)
-        }
+        keep = self.kept_beside(frame)
+        held = {name: 0 for g in self.graphs for name in (d.name for d in g.plan.devices)}
+        for fqn, copy in self.resident.copies():
+            device = runtime.owner(copy)
+            if (fqn, device) not in keep:
+                continue
+            if fqn in exclude and (device == "cpu" or everywhere):
+                continue
+            held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
         in_ram: dict[str, int] = {}
         for g in self.graphs:
             for i, p in enumerate(g.plan.cost.params):
@@ -199,7 +245,11 @@ def _names_and_chunks(session: Session, cost: CostGraph) -> frozenset[str]:
 
 
 def _share_resident(
-    session: Session, cost: CostGraph, example_inputs: Sequence[Any], profile: HostProfile
+    session: Session,
+    cost: CostGraph,
+    example_inputs: Sequence[Any],
+    profile: HostProfile,
+    frame: int | None,
 ) -> CostGraph:
     """``cost`` with the parameters an earlier graph already keeps resident on the one
     accelerator counted as 0 bytes: their copies stay there and are already in the budget
@@ -211,10 +261,12 @@ def _share_resident(
     if len(accelerators) != 1 or not session.graphs:
         return cost
     (device,) = accelerators
+    kept = session.kept_beside(frame)
     shared = [
         i
         for i, p in enumerate(cost.params)
-        if session.resident.get(example_inputs[p.arg_index], device) is not None
+        if (p.fqn, device) in kept
+        and session.resident.get(example_inputs[p.arg_index], device) is not None
     ]
     if not shared:
         return cost
@@ -248,14 +300,29 @@ def _check_fallbacks(cost: CostGraph, strict: bool) -> None:
     )
 
 
+def _resident_params(plan: GraphPlan) -> list[tuple[int, str]]:
+    """(parameter index, device) of each resident copy the plan keeps: on an accelerator,
+    or in RAM for a parameter whose home is disk."""
+    kept = []
+    for pid in range(len(plan.cost.params)):
+        device = plan.param_device(pid)
+        if (device != "cpu" or plan.on_disk(pid)) and not plan.is_streamed(pid):
+            kept.append((pid, device))
+    return kept
+
+
+def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:
+    """(fqn, device) of each resident copy the plan keeps."""
+    return frozenset((plan.cost.params[pid].fqn, device) for pid, device in _resident_params(plan))
+
+
 def _make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:
     """Copy every resident parameter to its device now (reading those that live on disk),
     so later graphs plan around it; one an earlier graph of the session already holds there
     is shared, as the plan assumed, not copied again."""
-    for pid, param in enumerate(plan.cost.params):
-        device = plan.param_device(pid)
-        if (device != "cpu" or plan.on_disk(pid)) and not plan.is_streamed(pid):
-            runtime.resident_copy(param.fqn, example_inputs[param.arg_index], device)
+    for pid, device in _resident_params(plan):
+        param = plan.cost.params[pid]
+        runtime.resident_copy(param.fqn, example_inputs[param.arg_index], device)
 
 
 class TensorTorrentBackend:
@@ -368,9 +435,11 @@ class TensorTorrentBackend:
             )
             return plan_graph(len(session.graphs), cost, profile, settings, held, on_disk, chunker)
 
-        shared = _share_resident(session, cost, example_inputs, profile)
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        frame = compile_id.frame_id if compile_id is not None else None
+        shared = _share_resident(session, cost, example_inputs, profile, frame)
         try:
-            plan = plan_with(shared, session.resident_bytes(names))
+            plan = plan_with(shared, session.resident_bytes(frame, names))
         except PlanInfeasible:
             if shared is cost:
                 raise
@@ -383,7 +452,7 @@ class TensorTorrentBackend:
                 "planning it as if it kept the same ones resident",
                 len(session.graphs),
             )
-            plan = plan_with(cost, session.resident_bytes(names, everywhere=True))
+            plan = plan_with(cost, session.resident_bytes(frame, names, everywhere=True))
         chunked = chunker.graph_for(plan.cost) if chunker is not None else None
         if settings.plan is not None:
             self._check_saved(settings, plan.cost, profile, plan)
@@ -399,6 +468,7 @@ class TensorTorrentBackend:
         disk = session.disk_tier(plan, locations)
         runtime = Runtime(session.virtual, disk, session.resident, settings.io_timeout_s)
         rewritten = rewrite(gm, plan, runtime)
+        session.make_room(plan, frame)
         _make_resident(plan, runtime, inputs)
         compilers = compile_segments(rewritten, runtime, settings)
         compiler_note = None
@@ -415,8 +485,11 @@ class TensorTorrentBackend:
             chunks=chunked,
             lock=session.lock,
             reference=original if settings.verify else None,
+            frame=frame,
+            enter=session.enter,
         )
         session.graphs.append(compiled)
+        session.current = compiled  # its resident copies are the ones held now
         session.by_source[source] = compiled
         if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
             from .explain import explain_graph

@@ -460,6 +460,13 @@ class ResidentCopies:
         """(fqn, copy) of every copy whose parameter is still alive."""
         return [(fqn, copy) for fqn, copy, ref, _ in self._copies.values() if ref() is not None]
 
+    def evict(self, keep: Callable[[str, str], bool]) -> list[str]:
+        """Drop the copies for which ``keep(fqn, device)`` is false (their memory is freed
+        once nothing else uses them); returns their fqns."""
+        dropped = [key for key, entry in self._copies.items() if not keep(entry[0], key[1])]
+        names = [self._copies.pop(key)[0] for key in dropped]
+        return names
+
 
 class Runtime(torch.nn.Module):
     """Devices, resident copies and the copy engines one rewritten graph runs with."""
