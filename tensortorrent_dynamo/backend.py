@@ -41,6 +41,7 @@ from .profile import HostProfile, host_profile
 from .rewrite import rewrite
 from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
+from .shapes import SizeRanges, SymbolicSizes
 from .verify import eager_values, verified_call
 
 register()  # torch normally did this through the entry point; cheap and idempotent
@@ -399,12 +400,30 @@ class TensorTorrentBackend:
 
     def compile_graph(
         self, gm: torch.fx.GraphModule, graph_inputs: GraphInputs, settings: Settings
+    ) -> CompiledGraph | SizeRanges:
+        """Plan, rewrite and compile one functional graph (see :mod:`.functional`); a
+        graph with symbolic sizes gets one plan per range of sizes (:mod:`.shapes`)."""
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        frame = compile_id.frame_id if compile_id is not None else None
+        sizes = SymbolicSizes.of(gm)
+        if not sizes:
+            return self._plan_and_compile(gm, graph_inputs, settings, frame)
+        return SizeRanges(
+            sizes, lambda bounds: self._plan_and_compile(gm, graph_inputs, settings, frame, bounds)
+        )
+
+    def _plan_and_compile(
+        self,
+        gm: torch.fx.GraphModule,
+        graph_inputs: GraphInputs,
+        settings: Settings,
+        frame: int | None,
+        sizes: Mapping[str, int] | None = None,
     ) -> CompiledGraph:
-        """Plan, rewrite and compile one functional graph (see :mod:`.functional`)."""
         example_inputs = graph_inputs.values
         session = self._session(settings)
         profile = host_profile(settings)
-        cost = build_cost_graph(gm, example_inputs, graph_inputs.params)
+        cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes)
         source = (hashlib.sha256(gm.code.encode()).hexdigest(), saved_plan.graph_hash(cost))
         if source in session.by_source:
             # A recompile (a guard failed) that produced the same graph with the same
@@ -435,8 +454,6 @@ class TensorTorrentBackend:
             )
             return plan_graph(len(session.graphs), cost, profile, settings, held, on_disk, chunker)
 
-        compile_id = torch._guards.CompileContext.current_compile_id()
-        frame = compile_id.frame_id if compile_id is not None else None
         shared = _share_resident(session, cost, example_inputs, profile, frame)
         try:
             plan = plan_with(shared, session.resident_bytes(frame, names))

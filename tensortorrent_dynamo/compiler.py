@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 
+from . import run
 from .errors import TensorTorrentError, TensorTorrentWarning
 from .rewrite import Rewritten
 from .run import Runtime, Segment
@@ -25,11 +26,31 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _fake_inputs(sub: torch.fx.GraphModule) -> list[Any]:
-    return [n.meta.get("example_value") for n in sub.graph.nodes if n.op == "placeholder"]
+# the runtime ops whose value is a copy, in the layout of ``run.landing``
+_COPIES = (run.transfer, run.wait, run.resident)
 
 
-def _inductor(sub: torch.fx.GraphModule, name: str, strict: bool) -> Callable[..., Any] | None:
+def _fake_inputs(parent: torch.fx.GraphModule, name: str) -> list[Any]:
+    """The example inputs segment ``name`` is compiled for: each as the segment receives
+    it, so with the layout of :func:`run.landing` where the value is a copy (a transfer,
+    a prefetched or resident parameter, a reload), not the layout it was traced with."""
+    sub = getattr(parent, name)
+    call = next(n for n in parent.graph.nodes if n.op == "call_module" and n.target == name)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    fakes = []
+    for placeholder, arg in zip(placeholders, call.args, strict=True):
+        fake = placeholder.meta.get("example_value")
+        copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
+        if copied and arg.target in _COPIES and isinstance(fake, torch.Tensor):
+            with fake.fake_mode:  # type: ignore[attr-defined]
+                fake = run.landing(fake, device=fake.device)
+        fakes.append(fake)
+    return fakes
+
+
+def _inductor(
+    sub: torch.fx.GraphModule, fakes: list[Any], name: str, strict: bool
+) -> Callable[..., Any] | None:
     from torch._inductor.compile_fx import compile_fx
 
     # Inductor rewrites the graph it is given (a single output becomes a tuple): it gets
@@ -37,7 +58,7 @@ def _inductor(sub: torch.fx.GraphModule, name: str, strict: bool) -> Callable[..
     own = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))
     try:
         with torch.no_grad():
-            compiled = compile_fx(own, _fake_inputs(sub))
+            compiled = compile_fx(own, fakes)
     except Exception as exc:  # Inductor failures must not lose the run: fall back to eager
         if strict:
             raise TensorTorrentError(f"Inductor failed on segment {name}: {exc}") from exc
@@ -59,7 +80,7 @@ def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings)
         virtual = runtime.virtual.get(device)
         fn: Callable[..., Any] | None = None
         if virtual is None and settings.compiler == "inductor" and device == "cpu":
-            fn = _inductor(sub, name, settings.strict)
+            fn = _inductor(sub, _fake_inputs(parent, name), name, settings.strict)
         used[name] = "inductor" if fn is not None else "eager"
         log.debug("segment %s on %s: %s", name, device, used[name])
         segment = Segment(fn or sub, name, device, virtual, used[name], runtime.recorder)

@@ -320,21 +320,34 @@ def _check(kind: Any, value: object, where: str) -> Any:
     raise AssertionError(f"{where}: no JSON reader for {kind}")
 
 
-def _hint(value: int | torch.SymInt) -> int:
-    """A concrete size for a possibly symbolic one (the size Dynamo traced with)."""
+def _hint(value: int | torch.SymInt, sizes: Mapping[str, int] | None = None) -> int:
+    """A concrete size for a possibly symbolic one: its value with the symbols named in
+    ``sizes`` set to theirs and the others to the values Dynamo traced with."""
     if isinstance(value, torch.SymInt):
-        hint = value.node.hint
+        node = value.node
+        if sizes:
+            expr = node.expr
+            env = node.shape_env
+            # renamed in newer torch; the old name warns there
+            hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+            values = {s: sizes.get(str(s), hints.get(s, 1)) for s in expr.free_symbols}
+            try:
+                return int(expr.xreplace(values))
+            except TypeError:  # not a number once substituted: fall back to the hint
+                pass
+        hint = node.hint
         return int(hint) if hint is not None else 1
     return int(value)
 
 
-def tensor_bytes(value: object) -> int:
-    """Bytes of every tensor in ``value`` (a tensor, or a nested tuple/list of them)."""
+def tensor_bytes(value: object, sizes: Mapping[str, int] | None = None) -> int:
+    """Bytes of every tensor in ``value`` (a tensor, or a nested tuple/list of them), with
+    symbolic sizes as :func:`_hint` gives them."""
     leaves, _ = tree_flatten(value)
     total = 0
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            total += _hint(leaf.numel()) * leaf.element_size()
+            total += _hint(leaf.numel(), sizes) * leaf.element_size()
     return total
 
 
@@ -379,7 +392,7 @@ def _example(node: torch.fx.Node) -> Any:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
-def _count_flops(node: torch.fx.Node) -> float:
+def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) -> float:
     """FLOPs of one op under the graph's fake mode; raises when it cannot be run on fakes."""
     if node.op == "get_attr":
         return 0.0
@@ -409,7 +422,7 @@ def _count_flops(node: torch.fx.Node) -> float:
             getattr(args[0], str(node.target))(*args[1:], **kwargs)
         else:
             raise ValueError(f"cannot cost a {node.op} node")
-    return float(_hint(counter.get_total_flops()))
+    return float(_hint(counter.get_total_flops(), sizes))
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -426,13 +439,16 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
 
 
-def _storage_bytes(tensor: torch.Tensor) -> int:
-    return _hint(tensor.untyped_storage().nbytes())
+def _storage_bytes(tensor: torch.Tensor, sizes: Mapping[str, int] | None = None) -> int:
+    return _hint(tensor.untyped_storage().nbytes(), sizes)
 
 
-def _assumed_sizes(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """Each symbol of a dynamic-shape graph and the value it was traced with."""
-    sizes: dict[str, int] = {}
+def _assumed_sizes(
+    gm: torch.fx.GraphModule, sizes: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Each symbol of a dynamic-shape graph and the value it was costed at: its value in
+    ``sizes``, else the one it was traced with."""
+    assumed: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -443,8 +459,8 @@ def _assumed_sizes(gm: torch.fx.GraphModule) -> dict[str, int]:
                 continue
             expr = dim.node.expr
             if getattr(expr, "is_Symbol", False):
-                sizes[str(expr)] = _hint(dim)
-    return sizes
+                assumed[str(expr)] = _hint(dim, sizes)
+    return assumed
 
 
 class _Builder:
@@ -455,10 +471,12 @@ class _Builder:
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[object],
         param_fqns: Mapping[int, str],
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.gm = gm
         self.example_inputs = example_inputs
         self.param_fqns = param_fqns
+        self.sizes = sizes
         self.index: dict[torch.fx.Node, int] = {}
         self.param_of: dict[torch.fx.Node, int] = {}
         self.nodes: list[dict[str, Any]] = []
@@ -539,13 +557,13 @@ class _Builder:
             return
         fallback: str | None = None
         try:
-            flops = _count_flops(node)
+            flops = _count_flops(node, self.sizes)
         except Exception as exc:  # any failure to cost means: run it on the host, say why
             flops = 0.0
             fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         if node.op == "call_module":
             fallback = fallback or "submodule calls are run where they were"
-        read = sum(tensor_bytes(_example(a)) for a in node.all_input_nodes)
+        read = sum(tensor_bytes(_example(a), self.sizes) for a in node.all_input_nodes)
         self.add(
             node,
             op=node.op,
@@ -577,8 +595,8 @@ class _Builder:
                 self.views_of.setdefault(node, set()).add(self.param_storages[key])
                 continue
             if key not in self.storages:
-                self.storages[key] = [my_id, _storage_bytes(leaf), []]
-                alloc += _storage_bytes(leaf)
+                self.storages[key] = [my_id, _storage_bytes(leaf, self.sizes), []]
+                alloc += _storage_bytes(leaf, self.sizes)
             self.storages[key][2].append(my_id)
         self.index[node] = my_id
         self.nodes.append(
@@ -587,7 +605,7 @@ class _Builder:
                 "op": op,
                 "target": target,
                 "flops": flops,
-                "out_bytes": 0 if node in self.views_of else tensor_bytes(value),
+                "out_bytes": 0 if node in self.views_of else tensor_bytes(value, self.sizes),
                 "inputs": tuple(inputs),
                 "host_only": is_graph_input or fallback is not None,
                 "is_graph_input": is_graph_input,
@@ -618,7 +636,7 @@ class _Builder:
             params=tuple(ParamRef(**{**p, "users": tuple(p["users"])}) for p in self.params),
             output_ids=tuple(self.output_ids),
             storages=tuple(sorted(spans, key=lambda s: (s.first, s.last, s.nbytes))),
-            assumed_sizes=_assumed_sizes(self.gm),
+            assumed_sizes=_assumed_sizes(self.gm, self.sizes),
             runs_with=self._runs_with(),
         )
 
@@ -637,13 +655,17 @@ def build_cost_graph(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[object],
     param_fqns: Mapping[int, str] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> CostGraph:
     """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks.
 
     ``param_fqns`` names the inputs that are parameters or buffers, by position (as
     :class:`functional.GraphInputs` does); for a Dynamo graph they can be read from its
-    placeholders (:func:`dynamo_params`, the default)."""
-    builder = _Builder(gm, example_inputs, dynamo_params(gm) if param_fqns is None else param_fqns)
+    placeholders (:func:`dynamo_params`, the default). A dynamic-shape graph is costed
+    with its symbols at the values in ``sizes`` (the sizes it was traced with for those
+    not named): ``assumed_sizes`` records them."""
+    params = dynamo_params(gm) if param_fqns is None else param_fqns
+    builder = _Builder(gm, example_inputs, params, sizes)
     position = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .shapes import format_range
 from .units import format_bytes, format_rate, format_seconds
 
 if TYPE_CHECKING:
@@ -235,8 +236,10 @@ def explain_graph(graph: CompiledGraph) -> str:
         lines.append("  on the CPU because they cannot be placed elsewhere:")
         lines += [f"    {n.name} ({n.target}): {n.fallback}" for n in fallbacks]
     if cost.assumed_sizes:
-        sizes = ", ".join(f"{k}={v}" for k, v in sorted(cost.assumed_sizes.items()))
-        lines.append(f"  dynamic sizes planned for: {sizes}")
+        lines.append(
+            f"  dynamic sizes planned for: {format_range(cost.assumed_sizes)} (costed at "
+            "those bounds; a call with larger sizes is planned again)"
+        )
     timing = f"  predicted time: {format_seconds(plan.predicted_time_s)}"
     if graph.last_call_s is not None:
         timing += f", measured (last call): {format_seconds(graph.last_call_s)}"

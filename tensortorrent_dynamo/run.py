@@ -64,6 +64,19 @@ def _result(future: concurrent.futures.Future[T], timeout_s: float, what: str) -
         ) from None
 
 
+def landing(
+    tensor: torch.Tensor, device: str | torch.device = "cpu", pin: bool = False
+) -> torch.Tensor:
+    """An empty tensor a copy of ``tensor`` lands in. Every copy the runtime makes (an
+    activation changing device, a resident copy, a spill, a reload, a streamed parameter's
+    buffer) has this layout, and segments are compiled for it (``compiler``): that of
+    ``empty_like``, where a dense tensor keeps its strides (a transposed one stays
+    transposed) and any other (a slice, a stride-0 expanded mask) becomes contiguous."""
+    return torch.empty_like(
+        tensor, device=device, memory_format=torch.preserve_format, pin_memory=pin
+    )
+
+
 class MemoryLedger:
     """Live and peak bytes of one device, thread-safe."""
 
@@ -232,6 +245,9 @@ class VirtualDevice:
             flat = self.adopt(torch.empty(nbytes, dtype=torch.uint8), what)
         # every tensor object over the buffer is adopted: the ledger frees the storage
         # only when the last of them is gone
+        if isinstance(like, torch.Tensor):  # the layout every copy lands in
+            strides = landing(like, device="meta").stride()
+            return self.adopt(flat.view(dtype).as_strided(shape, strides), what)
         return self.adopt(flat.view(dtype).view(shape), what)
 
     def give(self, buffer: torch.Tensor) -> None:
@@ -259,7 +275,7 @@ class VirtualDevice:
 
     def copy_in(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """A real copy of ``tensor`` held by this device."""
-        buffer = torch.empty_like(tensor, device="cpu", memory_format=torch.preserve_format)
+        buffer = landing(tensor)
         self.adopt(buffer, what)
         return buffer.copy_(tensor)
 
@@ -298,7 +314,7 @@ class VirtualDevice:
 
         def copy() -> torch.Tensor:
             start = recorder.now()
-            host = tensor.clone()  # on the engine's thread: not accounted on this device
+            host = landing(tensor).copy_(tensor)  # on the engine's thread: not accounted here
             recorder.add(f"d2h {self.name}", "spill", what, start)
             return host
 
@@ -529,6 +545,7 @@ class Runtime(torch.nn.Module):
         if device in self.virtual:
             source = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
             return self.virtual[device].copy_in(source, what)
+        # ``to`` lands in the layout of :func:`landing`, as every copy here
         if self.owner(tensor) in self.virtual:
             return tensor.to(device, copy=True)
         return tensor.to(device, non_blocking=device != "cpu")
@@ -669,7 +686,7 @@ class Runtime(torch.nn.Module):
         start = self.recorder.now()
         stream.wait_stream(torch.cuda.current_stream(value.device))
         with torch.cuda.stream(stream):
-            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host = landing(value, pin=True)
             host.copy_(value, non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)

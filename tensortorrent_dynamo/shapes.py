@@ -11,11 +11,15 @@ next); each range's plan is kept, so sizes that come back reuse it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
+
+log = logging.getLogger(__name__)
 
 
 def bound(value: int) -> int:
@@ -73,3 +77,39 @@ class SymbolicSizes:
     def bounds(self, values: Mapping[str, int]) -> dict[str, int]:
         """The range holding ``values``: each symbol's upper bound."""
         return {name: bound(value) for name, value in values.items()}
+
+
+class SizeRanges:
+    """A dynamic-shape graph: each call runs with the plan made for the range its sizes
+    fall in, planned (by ``build``, given the range's bounds) the first time a call falls
+    in it. The range of the sizes the graph was traced with is planned at once."""
+
+    def __init__(self, sizes: SymbolicSizes, build: Callable[[dict[str, int]], Any]) -> None:
+        self.sizes = sizes
+        self.build = build
+        # the bounds of each range planned, as sorted (symbol, bound) pairs -> its graph
+        self.plans: dict[tuple[tuple[str, int], ...], Any] = {}
+        self._lock = threading.Lock()
+        self.graph_for(sizes.hints)
+
+    def graph_for(self, values: Mapping[str, int]) -> Any:
+        """The compiled graph for a call whose symbols have ``values``."""
+        bounds = self.sizes.bounds(values)
+        key = tuple(sorted(bounds.items()))
+        graph = self.plans.get(key)
+        if graph is None:
+            with self._lock:
+                graph = self.plans.get(key)
+                if graph is None:
+                    if self.plans:
+                        log.info(
+                            "sizes %s are beyond the ranges planned for (%s): planning for %s",
+                            ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
+                            "; ".join(format_range(dict(k)) for k in self.plans),
+                            format_range(bounds),
+                        )
+                    graph = self.plans[key] = self.build(bounds)
+        return graph
+
+    def __call__(self, *args: Any) -> Any:
+        return self.graph_for(self.sizes.values(args))(*args)

@@ -178,10 +178,38 @@ def test_dynamic_shapes_plan_states_the_sizes_it_assumed() -> None:
             x = torch.randn(batch, 64)
             torch.testing.assert_close(compiled(x), model(x))
     (graph,) = tt.tensortorrent_backend.graphs  # one dynamic graph serves both sizes
-    assert list(graph.plan.cost.assumed_sizes.values()) == [5]
+    # planned for the range holding the traced size, costed at its bound
+    assert list(graph.plan.cost.assumed_sizes.values()) == [8]
     from tensortorrent_dynamo.explain import explain_graph
 
     assert "dynamic sizes planned for: s" in explain_graph(graph)
+    assert "<= 8" in explain_graph(graph)
+
+
+def test_dynamic_shapes_reuse_a_plan_within_its_range_and_plan_again_beyond(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model, width = mlp(256, 4), 256
+    budget = int(param_bytes(model) * 0.6)  # some weights stream
+    compiled = torch.compile(
+        model, backend="tensortorrent", options=_options(budget), dynamic=True
+    )
+    peaks = []
+    with caplog.at_level("INFO", logger="tensortorrent_dynamo"), torch.no_grad():
+        for batch in (5, 7, 12, 30, 6):
+            x = torch.randn(batch, width)
+            torch.testing.assert_close(compiled(x), model(x))
+            graphs = tt.tensortorrent_backend.graphs
+            peaks.append(max(g.runtime.virtual["virtual:0"].ledger.peak for g in graphs))
+            for g in graphs:
+                g.runtime.virtual["virtual:0"].ledger.reset_peak()
+    graphs = tt.tensortorrent_backend.graphs
+    # 5 and 7 share the plan for sizes up to 8, 6 reuses it; 12 and 30 are planned anew
+    assert [list(g.plan.cost.assumed_sizes.values()) for g in graphs] == [[8], [16], [32]]
+    assert [g.calls for g in graphs] == [3, 1, 1]
+    assert caplog.text.count("beyond the ranges planned for") == 2
+    assert any(g.plan.native.param_streamed[i] for g in graphs for i in range(8))
+    assert all(0 < peak <= budget for peak in peaks), (peaks, budget)
 
 
 def test_resident_copies_follow_in_place_changes_of_the_weights() -> None:
