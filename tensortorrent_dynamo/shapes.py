@@ -4,8 +4,9 @@ A graph Dynamo compiled with symbolic sizes runs at many sizes, and the memory a
 needs grows with them. A plan is made for a range of sizes: each symbol up to the next
 power of two of its value (``s0 = 5`` plans for ``s0 <= 8``), costed at that bound, so
 the budgets hold for every size in the range. A call with a size beyond the range plans
-again, for the range holding it (``5 < s0 <= 8`` is one range, ``8 < s0 <= 16`` the
-next); each range's plan is kept, so sizes that come back reuse it.
+again, for the range holding it (``4 < s0 <= 8`` is one range, ``8 < s0 <= 16`` the
+next); each range's plan is kept, so sizes that come back reuse it. A range the budgets
+cannot hold at its bound ends at the sizes of the call that asked for it instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from .errors import PlanInfeasible
 
 log = logging.getLogger(__name__)
 
@@ -82,34 +85,54 @@ class SymbolicSizes:
 class SizeRanges:
     """A dynamic-shape graph: each call runs with the plan made for the range its sizes
     fall in, planned (by ``build``, given the range's bounds) the first time a call falls
-    in it. The range of the sizes the graph was traced with is planned at once."""
+    in it. The range of the sizes the graph was traced with is planned at once.
+
+    When the budgets cannot hold a range at its bounds, the range is narrowed to end at the
+    sizes of the call (the plan is made for them exactly); a later call beyond them plans
+    again."""
 
     def __init__(self, sizes: SymbolicSizes, build: Callable[[dict[str, int]], Any]) -> None:
         self.sizes = sizes
         self.build = build
-        # the bounds of each range planned, as sorted (symbol, bound) pairs -> its graph
-        self.plans: dict[tuple[tuple[str, int], ...], Any] = {}
+        # (lower bounds, exclusive; upper bounds; the graph planned for them)
+        self.ranges: list[tuple[dict[str, int], dict[str, int], Any]] = []
         self._lock = threading.Lock()
         self.graph_for(sizes.hints)
 
+    def _find(self, values: Mapping[str, int]) -> Any:
+        for low, high, graph in self.ranges:
+            if all(low[k] < v <= high[k] for k, v in values.items()):
+                return graph
+        return None
+
     def graph_for(self, values: Mapping[str, int]) -> Any:
         """The compiled graph for a call whose symbols have ``values``."""
-        bounds = self.sizes.bounds(values)
-        key = tuple(sorted(bounds.items()))
-        graph = self.plans.get(key)
-        if graph is None:
-            with self._lock:
-                graph = self.plans.get(key)
-                if graph is None:
-                    if self.plans:
-                        log.info(
-                            "sizes %s are beyond the ranges planned for (%s): planning for %s",
-                            ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
-                            "; ".join(format_range(dict(k)) for k in self.plans),
-                            format_range(bounds),
-                        )
-                    graph = self.plans[key] = self.build(bounds)
-        return graph
+        graph = self._find(values)
+        if graph is not None:
+            return graph
+        with self._lock:
+            graph = self._find(values)
+            if graph is not None:
+                return graph
+            high = self.sizes.bounds(values)
+            low = {k: v // 2 for k, v in high.items()}
+            if self.ranges:
+                log.info(
+                    "sizes %s are beyond the ranges planned for (%s): planning for %s",
+                    ", ".join(f"{k}={v}" for k, v in sorted(values.items())),
+                    "; ".join(format_range(h) for _, h, _ in self.ranges),
+                    format_range(high),
+                )
+            try:
+                graph = self.build(high)
+            except PlanInfeasible as exc:
+                if dict(values) == high:
+                    raise
+                high = dict(values)
+                log.info("%s; planning for the sizes of this call instead: %s", exc, high)
+                graph = self.build(high)
+            self.ranges.append((low, high, graph))
+            return graph
 
     def __call__(self, *args: Any) -> Any:
         return self.graph_for(self.sizes.values(args))(*args)

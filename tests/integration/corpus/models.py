@@ -195,12 +195,6 @@ def _unet2d_condition_inputs(seed: int) -> Inputs:
 # model has a new sequence length, so Dynamo recompiles a dynamic-shape graph; with the
 # same shapes twice (other values), every entry but gpt_neox and convnext passes at a
 # third (checked outside the suite).
-DYNAMIC_OOM = {
-    "third": "VirtualDeviceOutOfMemory: the 2nd call's new sequence length recompiles a "
-    "dynamic-shape graph whose plan underestimates its peak on virtual:0"
-}
-
-
 ENTRIES: list[Entry] = [
     # --- decoder LMs
     Entry(
@@ -210,7 +204,6 @@ ENTRIES: list[Entry] = [
         _causal_lm("LlamaConfig", **LM),
         decoder_inputs,
         quick=True,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "qwen2",
@@ -225,7 +218,6 @@ ENTRIES: list[Entry] = [
         "RMSNorm on q and k per head, explicit head_dim",
         _causal_lm("Qwen3Config", **LM, head_dim=16),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "mistral",
@@ -233,7 +225,6 @@ ENTRIES: list[Entry] = [
         "sliding-window attention (window 4, shorter than the prompts)",
         _causal_lm("MistralConfig", **LM, sliding_window=4),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "gemma2",
@@ -241,7 +232,6 @@ ENTRIES: list[Entry] = [
         "alternating sliding/global layers, logit soft-capping, scaled embeddings",
         _causal_lm("Gemma2Config", **LM, head_dim=16, sliding_window=4, query_pre_attn_scalar=16),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "phi",
@@ -249,7 +239,6 @@ ENTRIES: list[Entry] = [
         "partial rotary embeddings (partial_rotary_factor 0.5), parallel attention + MLP",
         _causal_lm("PhiConfig", **LM, partial_rotary_factor=0.5),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "gpt_neox",
@@ -282,7 +271,6 @@ ENTRIES: list[Entry] = [
             eos_token_id=2,
         ),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "mixtral",
@@ -310,11 +298,6 @@ ENTRIES: list[Entry] = [
             shared_expert_intermediate_size=64,
         ),
         decoder_inputs,
-        xfail={
-            "third": "VirtualDeviceOutOfMemory on the 2nd call: the dynamic-shape graph's plan "
-            "(streamed with spills, beside the 1st graph's resident set) underestimates its "
-            "peak on virtual:0"
-        },
     ),
     Entry(
         "gpt2",
@@ -331,7 +314,6 @@ ENTRIES: list[Entry] = [
             eos_token_id=2,
         ),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "opt",
@@ -348,7 +330,6 @@ ENTRIES: list[Entry] = [
             word_embed_proj_dim=32,
         ),
         decoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "bloom",
@@ -398,7 +379,6 @@ ENTRIES: list[Entry] = [
         ),
         seq2seq_inputs,
         quick=True,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "bart",
@@ -461,7 +441,6 @@ ENTRIES: list[Entry] = [
             max_position_embeddings=64,
         ),
         encoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "roberta",
@@ -478,7 +457,6 @@ ENTRIES: list[Entry] = [
             max_position_embeddings=66,
         ),
         encoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     Entry(
         "distilbert",
@@ -496,7 +474,6 @@ ENTRIES: list[Entry] = [
             num_labels=3,
         ),
         encoder_inputs,
-        xfail=DYNAMIC_OOM,
     ),
     # --- vision
     Entry(
@@ -574,28 +551,4 @@ BUDGETS = ("none", "third")
 # generate(): the decoder families it runs on, and its known failures
 # (name, cache implementation, budget) -> reason
 GENERATE_MODELS = ("llama", "qwen3", "phi")
-_DECODE_OOM = (
-    "VirtualDeviceOutOfMemory in a decode step: the recompiled dynamic-shape graph (growing "
-    "KV length) goes over the peak its plan predicted on virtual:0"
-)
-_STATIC_CACHE = (
-    "AssertionError (tokens differ): the decode graph's in-place writes into the StaticCache "
-    "keys/values land on their virtual:0 copies and never reach the host cache"
-)
-GENERATE_XFAIL: dict[tuple[str, str, str], str] = {
-    ("llama", "dynamic", "third"): _DECODE_OOM,
-    ("qwen3", "dynamic", "third"): _DECODE_OOM,
-    ("phi", "dynamic", "third"): (
-        "BackendCompilerFailed(VirtualDeviceOutOfMemory): compiling the first decode graph, "
-        "making its weights resident goes over virtual:0's budget"
-    ),
-    ("llama", "static", "none"): _STATIC_CACHE,
-    ("qwen3", "static", "none"): _STATIC_CACHE,
-    ("phi", "static", "none"): _STATIC_CACHE,
-    ("llama", "static", "third"): _STATIC_CACHE,
-    ("qwen3", "static", "third"): _STATIC_CACHE,
-    ("phi", "static", "third"): (
-        "VirtualDeviceOutOfMemory: the static-cache graph's plan underestimates its peak on "
-        "virtual:0 (fails allocating an addmm output)"
-    ),
-}
+GENERATE_XFAIL: dict[tuple[str, str, str], str] = {}
