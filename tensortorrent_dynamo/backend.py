@@ -26,7 +26,6 @@ from ._logs import PLAN_ARTIFACT, register
 from .chunking import ChunkedGraph, WeightChunker
 from .compiler import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
-from .functional import GraphInputs, functional
 from .errors import (
     OptionsError,
     PlanInfeasible,
@@ -34,6 +33,7 @@ from .errors import (
     TensorTorrentWarning,
     UnsupportedNodeError,
 )
+from .functional import GraphInputs, functional
 from .homes import pin_streamed_weights, place_on_disk, released_location, whole_weights
 from .offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
 from .plan import GraphPlan, plan_graph

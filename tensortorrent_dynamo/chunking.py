@@ -5,9 +5,10 @@ double buffer), and its read overlaps nothing of its own layer. So when a weight
 disk, it is larger than ``stream_chunk_bytes`` and every use of it is as the weight of a
 linear layer (in the functional graph: ``mm(x, t(W))`` or ``addmm(b, x, t(W))``), this
 pass splits it into row chunks: the graph takes one input per row range in its place, and
-each ``addmm(b, x, t(W))`` becomes ``cat([addmm(b[r0:r1], x, t(W[r0:r1])), ...], -1)``. To the planner each chunk is a parameter of its own, keyed ``fqn[r0:r1]``: it
-keeps as many chunks in RAM as fit, staging costs two chunks, and each chunk's read
-overlaps the compute of the chunk before it.
+each ``addmm(b, x, t(W))`` becomes ``cat([addmm(b[r0:r1], x, t(W[r0:r1])), ...], -1)``.
+To the planner each chunk is a parameter of its own, keyed ``fqn[r0:r1]``: it keeps as
+many chunks in RAM as fit, staging costs two chunks, and each chunk's read overlaps the
+compute of the chunk before it.
 
 At call time the whole weight Dynamo passes is expanded into its chunks
 (:meth:`ChunkedGraph.expand`): views of its rows while it holds its bytes, empty
@@ -276,9 +277,7 @@ def _split_matmul(
                 outs.append(_call(graph, aten.mm.default, (x, transposed), matmul))
             else:
                 part_bias = _call(graph, aten.slice.Tensor, (bias, 0, start, stop), matmul)
-                outs.append(
-                    _call(graph, aten.addmm.default, (part_bias, x, transposed), matmul)
-                )
+                outs.append(_call(graph, aten.addmm.default, (part_bias, x, transposed), matmul))
         cat = _call(graph, aten.cat.default, (outs, -1), matmul)
     matmul.replace_all_uses_with(cat)
     graph.erase_node(matmul)

@@ -327,7 +327,7 @@ def _hint(value: int | torch.SymInt, sizes: Mapping[str, int] | None = None) -> 
         node = value.node
         if sizes:
             expr = node.expr
-            env = node.shape_env
+            env: Any = node.shape_env
             # renamed in newer torch; the old name warns there
             hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
             values = {s: sizes.get(str(s), hints.get(s, 1)) for s in expr.free_symbols}
@@ -543,8 +543,8 @@ class _Builder:
                 inputs.append(self.index[arg])
             if views:
                 continue  # its reader is the parameters' user
-            read = {self.param_of[arg]} if arg in self.param_of else self.views_of.get(arg, set())
-            for pid in read:
+            reads = {self.param_of[arg]} if arg in self.param_of else self.views_of.get(arg)
+            for pid in reads or ():
                 users = self.params[pid]["users"]
                 if my_id not in users:
                     users.append(my_id)
@@ -552,8 +552,9 @@ class _Builder:
             # free where its parameters are (it runs with its reader: ``runs_with``)
             self.views_of[node] = views
             self.runs_with[my_id] = next(iter(node.users))
-            self.add(node, op=node.op, target=_target_name(node), flops=0.0, inputs=inputs,
-                     fallback=None)
+            self.add(
+                node, op=node.op, target=_target_name(node), flops=0.0, inputs=inputs, fallback=None
+            )
             return
         fallback: str | None = None
         try:

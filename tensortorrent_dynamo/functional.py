@@ -109,7 +109,7 @@ def functional(
     """The callable Dynamo runs for ``gm``: its functional graph, compiled by
     ``compile_graph`` (given the graph and :class:`GraphInputs`), behind AOTAutograd's
     runtime wrapper (which writes mutated inputs back)."""
-    from functorch.compile import make_boxed_func
+    from torch._functorch._aot_autograd.utils import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -163,31 +163,29 @@ def functional(
         compiled = aot_module_simplified(
             gm,
             list(example_inputs),
-            fw_compiler=fw_compiler,
-            bw_compiler=_no_backward,
+            fw_compiler=fw_compiler,  # type: ignore[arg-type]
+            bw_compiler=_no_backward,  # type: ignore[arg-type]
             keep_inference_input_mutations=False,
         )
     warned = False
 
     def run(*args: Any) -> Any:
         nonlocal warned
-        if not warned and torch.is_grad_enabled():
-            if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-                warned = True
-                warnings.warn(
-                    "TensorTorrent runs inference only: outputs carry no autograd history. "
-                    "Call the model under torch.no_grad() or torch.inference_mode().",
-                    TensorTorrentWarning,
-                    stacklevel=2,
-                )
+        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        if not warned and torch.is_grad_enabled() and needs_grad:
+            warned = True
+            warnings.warn(
+                "TensorTorrent runs inference only: outputs carry no autograd history. "
+                "Call the model under torch.no_grad() or torch.inference_mode().",
+                TensorTorrentWarning,
+                stacklevel=2,
+            )
         return compiled(*args)
 
     return run
 
 
-def capture(
-    fn: Callable[..., Any], *args: Any
-) -> list[tuple[torch.fx.GraphModule, GraphInputs]]:
+def capture(fn: Callable[..., Any], *args: Any) -> list[tuple[torch.fx.GraphModule, GraphInputs]]:
     """The functional graph of every graph Dynamo captures from ``fn(*args)`` (one per
     graph break), with its inputs: what the backend plans. Nothing is planned or run but
     the graphs themselves, eagerly, under ``torch.no_grad()``."""

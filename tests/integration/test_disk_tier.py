@@ -208,18 +208,20 @@ def test_recompiled_graphs_share_the_weights_they_keep_in_ram(tmp_path: Path) ->
     with torch.no_grad():
         torch.testing.assert_close(compiled(x32), model(x32))  # a second graph
         torch.testing.assert_close(compiled(x16), model(x16))
-    assert len(compiled.graphs) == 2
+    # the static graph for 16 rows, then the dynamic one, planned for 16 < rows <= 32 and,
+    # when 16 rows come back through it, for 8 < rows <= 16
+    assert len(compiled.graphs) == 3
     runtime = compiled.graphs[0].runtime
-    assert runtime.resident is compiled.graphs[1].runtime.resident
+    assert all(g.runtime.resident is runtime.resident for g in compiled.graphs)
     kept = [
         {p.fqn for i, p in enumerate(g.plan.cost.params) if not g.plan.is_streamed(i)}
         for g in compiled.graphs
     ]
-    assert kept[0] and kept[1]
+    assert all(kept)
+    # the graphs are alternatives (one frame): the copies in RAM are those of the one that
+    # ran last, each read once and shared where an alternative keeps the same weight
     held = runtime.resident_bytes("cpu")
-    assert held == sum(
-        p.nbytes for p in compiled.graphs[0].plan.cost.params if p.fqn in kept[0] | kept[1]
-    )
+    assert held == sum(p.nbytes for p in compiled.graphs[2].plan.cost.params if p.fqn in kept[2])
     assert held <= budget
 
 

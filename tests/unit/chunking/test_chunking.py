@@ -85,7 +85,9 @@ def test_a_weight_used_other_than_by_linear_layers_stays_whole() -> None:
     model = Tied()
     gm, inputs = _captured(model, torch.randn(3, 32))
     cost = build_cost_graph(gm, inputs.values, inputs.params)
-    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 256, inputs.params)(["disk"] * len(cost.params))
+    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 256, inputs.params)(
+        ["disk"] * len(cost.params)
+    )
     assert chunked_cost is cost
 
 
@@ -94,7 +96,9 @@ def test_a_transposed_weight_stays_whole() -> None:
     model.weight.data = model.weight.data.t().contiguous().t()  # the same values, column-major
     gm, inputs = _captured(model, torch.randn(2, 64))
     cost = build_cost_graph(gm, inputs.values, inputs.params)
-    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 4096, inputs.params)(["disk"] * len(cost.params))
+    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 4096, inputs.params)(
+        ["disk"] * len(cost.params)
+    )
     assert chunked_cost is cost
 
 
