@@ -175,10 +175,11 @@ class Session:
         copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
         weights the plans keep in RAM as they are, less those of the parameters named in
         ``exclude`` on the host (a new graph that uses them counts them itself). A model of
-        several graphs thus fits its budgets as a whole, graph by graph. Resident copies on
-        an accelerator all count, as they stay there whatever the new graph decides (see
-        :func:`_share_resident`); with ``everywhere``, those named in ``exclude`` are left
-        out there too, as if the new graph's plan were to keep the same ones resident."""
+        several graphs thus fits its budgets as a whole, graph by graph. Those resident
+        copies on an accelerator all count, as they stay there whatever the new graph
+        decides (see :func:`_share_resident`); with ``everywhere``, those named in
+        ``exclude`` are left out there too, as if the new graph's plan were to keep the
+        same ones resident."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
@@ -408,9 +409,14 @@ class TensorTorrentBackend:
         sizes = SymbolicSizes.of(gm)
         if not sizes:
             return self._plan_and_compile(gm, graph_inputs, settings, frame)
-        return SizeRanges(
-            sizes, lambda bounds: self._plan_and_compile(gm, graph_inputs, settings, frame, bounds)
-        )
+        session = self._session(settings)
+
+        def build(bounds: dict[str, int]) -> CompiledGraph:
+            # at call time too: under the session's lock, as no call may run meanwhile
+            with session.lock:
+                return self._plan_and_compile(gm, graph_inputs, settings, frame, bounds)
+
+        return SizeRanges(sizes, build)
 
     def _plan_and_compile(
         self,

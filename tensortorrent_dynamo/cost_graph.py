@@ -606,7 +606,7 @@ class _Builder:
                 "op": op,
                 "target": target,
                 "flops": flops,
-                "out_bytes": 0 if node in self.views_of else tensor_bytes(value, self.sizes),
+                "out_bytes": 0 if my_id in self.runs_with else tensor_bytes(value, self.sizes),
                 "inputs": tuple(inputs),
                 "host_only": is_graph_input or fallback is not None,
                 "is_graph_input": is_graph_input,

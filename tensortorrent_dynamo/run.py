@@ -480,8 +480,7 @@ class ResidentCopies:
         """Drop the copies for which ``keep(fqn, device)`` is false (their memory is freed
         once nothing else uses them); returns their fqns."""
         dropped = [key for key, entry in self._copies.items() if not keep(entry[0], key[1])]
-        names = [self._copies.pop(key)[0] for key in dropped]
-        return names
+        return [self._copies.pop(key)[0] for key in dropped]
 
 
 class Runtime(torch.nn.Module):
