@@ -443,6 +443,26 @@ def _storage_bytes(tensor: torch.Tensor, sizes: Mapping[str, int] | None = None)
     return _hint(tensor.untyped_storage().nbytes(), sizes)
 
 
+def param_view_nodes(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> set[torch.fx.Node]:
+    """The operations of ``gm`` whose value is a view of parameters (``t(weight)``): every
+    tensor they return shares the storage of one of the inputs at the positions in
+    ``params``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    storages = {
+        _storage_key(value)
+        for value in (_example(placeholders[i]) for i in params)
+        if isinstance(value, torch.Tensor)
+    }
+    views = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        keys = [_storage_key(leaf) for leaf in _leaves(_example(node))]
+        if keys and all(key in storages for key in keys):
+            views.add(node)
+    return views
+
+
 def _assumed_sizes(
     gm: torch.fx.GraphModule, sizes: Mapping[str, int] | None = None
 ) -> dict[str, int]:
@@ -477,6 +497,7 @@ class _Builder:
         self.example_inputs = example_inputs
         self.param_fqns = param_fqns
         self.sizes = sizes
+        self.param_views = param_view_nodes(gm, param_fqns)
         self.index: dict[torch.fx.Node, int] = {}
         self.param_of: dict[torch.fx.Node, int] = {}
         self.nodes: list[dict[str, Any]] = []
@@ -527,12 +548,9 @@ class _Builder:
         """The parameters ``node``'s value is a view of, when it is a view of parameters
         alone read by one node (so it can be taken where that node runs); else empty."""
         users = list(node.users)
-        if node.op != "call_function" or len(users) != 1 or users[0].op == "output":
+        if node not in self.param_views or len(users) != 1 or users[0].op == "output":
             return set()
-        keys = [_storage_key(leaf) for leaf in _leaves(_example(node))]
-        if not keys or any(key not in self.param_storages for key in keys):
-            return set()
-        return {self.param_storages[key] for key in keys}
+        return {self.param_storages[_storage_key(leaf)] for leaf in _leaves(_example(node))}
 
     def operation(self, node: torch.fx.Node) -> None:
         my_id = len(self.nodes)

@@ -25,10 +25,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten
 
-from .cost_graph import dynamo_params
+from .cost_graph import dynamo_params, param_view_nodes
 from .errors import TensorTorrentWarning, UnsupportedNodeError
 
 log = logging.getLogger(__name__)
@@ -53,28 +51,6 @@ class GraphInputs:
 
 
 Compile = Callable[[torch.fx.GraphModule, GraphInputs], Callable[..., Any]]
-
-
-def _storage(value: object) -> StorageWeakRef | None:
-    if not isinstance(value, torch.Tensor):
-        return None
-    return StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
-
-
-def param_view_nodes(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> set[torch.fx.Node]:
-    """The operations of ``gm`` whose value is a view of a parameter (``t(weight)``): every
-    tensor they return shares a parameter's storage."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    storages = {_storage(placeholders[i].meta.get("val")) for i in params} - {None}
-    views = set()
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        leaves = tree_flatten(node.meta.get("val"))[0]
-        keys = [_storage(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        if keys and all(key in storages for key in keys):
-            views.add(node)
-    return views
 
 
 def one_reader_per_param_view(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> None:
