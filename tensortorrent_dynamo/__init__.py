@@ -33,9 +33,9 @@ if TYPE_CHECKING:
         VerifyMismatch,
         VirtualDeviceOutOfMemory,
     )
-    from .homes import bind_checkpoint
     from .settings import Settings, VirtualDeviceSpec, parse_options
     from .units import parse_bytes
+    from .weights.homes import bind_checkpoint
 
 __version__ = "0.1.0"
 
@@ -44,7 +44,7 @@ _HOME = {
     "compile": "api",
     "export_cost_graphs": "api",
     "load": "api",
-    "bind_checkpoint": "homes",
+    "bind_checkpoint": "weights.homes",
     "CheckpointError": "errors",
     "CopyTimeout": "errors",
     "OffloadCorruptError": "errors",

@@ -8,15 +8,15 @@ from typing import Any
 
 import torch
 
-from . import saved_plan
 from .backend import CompiledGraph, TensorTorrentBackend
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import CheckpointError, TensorTorrentError
-from .explain import explain
 from .functional import capture
-from .homes import bind_checkpoint
+from .plan import files as saved_plan
+from .report.explain import explain
+from .report.trace import write_trace
 from .settings import parse_options
-from .trace import write_trace
+from .weights.homes import bind_checkpoint
 
 
 class CompiledModule(torch.nn.Module):

@@ -21,10 +21,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import saved_plan
 from ._logs import PLAN_ARTIFACT, register
-from .chunking import ChunkedGraph, WeightChunker
-from .compiler import compile_segments, keep_faster
+from .compiling.segments import compile_segments, keep_faster
+from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import (
     OptionsError,
@@ -34,15 +33,21 @@ from .errors import (
     UnsupportedNodeError,
 )
 from .functional import GraphInputs, functional
-from .homes import pin_streamed_weights, place_on_disk, released_location, whole_weights
-from .offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
-from .plan import GraphPlan, plan_graph
+from .io.offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
+from .passes.chunk_weights import ChunkedGraph, WeightChunker
+from .passes.rewrite import rewrite
+from .plan import files as saved_plan
+from .plan.planner import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
-from .rewrite import rewrite
-from .run import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
+from .run.runtime import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
 from .settings import Settings, parse_options
 from .shapes import SizeRanges, SymbolicSizes
-from .verify import eager_values, verified_call
+from .weights.homes import (
+    pin_streamed_weights,
+    place_on_disk,
+    released_location,
+    whole_weights,
+)
 
 register()  # torch normally did this through the entry point; cheap and idempotent
 log = logging.getLogger(__name__)
@@ -515,7 +520,7 @@ class TensorTorrentBackend:
         session.current = compiled  # its resident copies are the ones held now
         session.by_source[source] = compiled
         if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
-            from .explain import explain_graph
+            from .report.explain import explain_graph
 
             text = explain_graph(compiled)
             plan_log.debug("%s", text)

@@ -213,7 +213,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
     """Summarise a saved cost graph and plan it offline with the given budgets."""
     from .cost_graph import CostGraph
     from .errors import TensorTorrentError
-    from .plan import plan_graph
+    from .plan.planner import plan_graph
     from .profile import host_profile
     from .settings import parse_options
     from .units import format_bytes, format_rate, format_seconds
@@ -250,7 +250,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
 def explain_saved(path: Path) -> int:
     """Print the report a saved plan was written with."""
     from .errors import PlanFormatError
-    from .saved_plan import load
+    from .plan.files import load
 
     try:
         saved = load(path)

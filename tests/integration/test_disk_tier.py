@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
-from tensortorrent_dynamo.homes import released_location
+from tensortorrent_dynamo.weights.homes import released_location
 from tests.models import mlp, param_bytes
 
 FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}

@@ -180,7 +180,7 @@ def test_dynamic_shapes_plan_states_the_sizes_it_assumed() -> None:
     (graph,) = tt.tensortorrent_backend.graphs  # one dynamic graph serves both sizes
     # planned for the range holding the traced size, costed at its bound
     assert list(graph.plan.cost.assumed_sizes.values()) == [8]
-    from tensortorrent_dynamo.explain import explain_graph
+    from tensortorrent_dynamo.report.explain import explain_graph
 
     assert "dynamic sizes planned for: s" in explain_graph(graph)
     assert "<= 8" in explain_graph(graph)

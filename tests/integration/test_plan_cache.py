@@ -79,7 +79,7 @@ def test_a_damaged_entry_is_ignored(tmp_path: Path) -> None:
 def test_a_damaged_entry_is_a_miss(
     text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tensortorrent_dynamo import plan_cache
+    from tensortorrent_dynamo.plan import cache as plan_cache
 
     monkeypatch.setenv("TENSORTORRENT_CACHE_DIR", str(tmp_path))
     (tmp_path / "plans").mkdir()

@@ -10,7 +10,7 @@ import torch
 
 import tensortorrent as tt
 from tensortorrent_dynamo import backend
-from tensortorrent_dynamo.compiler import compile_segments
+from tensortorrent_dynamo.compiling.segments import compile_segments
 from tests.models import mlp, param_bytes
 
 FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import tensortorrent as tt
-from tensortorrent_dynamo import cli, saved_plan, tensortorrent_backend
+from tensortorrent_dynamo import cli, tensortorrent_backend
 from tensortorrent_dynamo.backend import CompiledGraph
 from tensortorrent_dynamo.cost_graph import CostGraph
 from tensortorrent_dynamo.errors import (
@@ -44,7 +44,8 @@ from tensortorrent_dynamo.errors import (
     StalePlanError,
     TensorTorrentError,
 )
-from tensortorrent_dynamo.offload import OffloadStore
+from tensortorrent_dynamo.io.offload import OffloadStore
+from tensortorrent_dynamo.plan import files as saved_plan
 from tensortorrent_dynamo.profile import HostProfile, cache
 from tensortorrent_dynamo.profile.resolve import load_profile_file, nominal_measurements
 from tensortorrent_dynamo.profile.schema import Measurements

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import VirtualDeviceOutOfMemory
-from tensortorrent_dynamo.run import Recorder, Runtime, VirtualDevice, reload, spill, wait
+from tensortorrent_dynamo.run.runtime import Recorder, Runtime, VirtualDevice, reload, spill, wait
 
 
 def test_ledger_follows_tensor_lifetimes() -> None:

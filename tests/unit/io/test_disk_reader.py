@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
-from tensortorrent_dynamo.offload import (
+from tensortorrent_dynamo.io.offload import (
     DiskReader,
     FileGuard,
     HostBufferPool,
@@ -122,7 +122,7 @@ def test_falls_back_to_buffered_reads_when_o_direct_is_refused(
         real_fadvise(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", record)
-    caplog.set_level(logging.DEBUG, logger="tensortorrent_dynamo.offload")
+    caplog.set_level(logging.DEBUG, logger="tensortorrent_dynamo.io.offload")
     with DiskReader(HostBufferPool()) as reader:
         result = reader.submit(span(path, 10, 2 * PAGE)).result()
     assert bytes(result.tensor.numpy()) == data[10 : 10 + 2 * PAGE]

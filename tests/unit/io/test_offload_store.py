@@ -15,9 +15,9 @@ import pytest
 import safetensors.torch
 import torch
 
-import tensortorrent_dynamo.offload as offload
+import tensortorrent_dynamo.io.offload as offload
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
-from tensortorrent_dynamo.offload import DiskReader, HostBufferPool, OffloadStore, TensorLocation
+from tensortorrent_dynamo.io.offload import DiskReader, HostBufferPool, OffloadStore, TensorLocation
 
 
 def model_weights(seed: int = 0) -> dict[str, torch.Tensor]:

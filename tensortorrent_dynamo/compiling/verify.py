@@ -21,11 +21,11 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
-from .compiler import copy_of
-from .errors import VerifyMismatch
-from .homes import released_location
-from .offload import DiskReader, HostBufferPool
-from .rewrite import SOURCE_NAME
+from ..errors import VerifyMismatch
+from ..io.offload import DiskReader, HostBufferPool
+from ..passes.rewrite import SOURCE_NAME
+from ..weights.homes import released_location
+from .segments import copy_of
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from .cost_graph import CostGraph, ParamRef, build_cost_graph
-from .homes import Weight
+from ..cost_graph import CostGraph, ParamRef, build_cost_graph
+from ..weights.homes import Weight
 
 aten = torch.ops.aten
 # what a linear layer becomes in the functional graph: a matmul with the transposed

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .shapes import format_range
-from .units import format_bytes, format_rate, format_seconds
+from ..shapes import format_range
+from ..units import format_bytes, format_rate, format_seconds
 
 if TYPE_CHECKING:
-    from .backend import CompiledGraph
+    from ..backend import CompiledGraph
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from . import plan_cache
-from ._native import native_planner
-from .cost_graph import CostGraph
-from .errors import InvalidPlacement, PlanInfeasible
-from .profile import DeviceProfile, HostProfile
-from .settings import Settings
+from .._native import native_planner
+from ..cost_graph import CostGraph
+from ..errors import InvalidPlacement, PlanInfeasible
+from ..profile import DeviceProfile, HostProfile
+from ..settings import Settings
+from . import cache as plan_cache
 
 if TYPE_CHECKING:
-    from . import _planner
+    from .. import _planner
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from . import run
-from .plan import GraphPlan
+from ..plan.planner import GraphPlan
+from ..run import runtime as run
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensortorrent_dynamo.errors import CheckpointError
-from tensortorrent_dynamo.offload import (
+from tensortorrent_dynamo.io.offload import (
     DiskReader,
     HostBufferPool,
     TensorLocation,

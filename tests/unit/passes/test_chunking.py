@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from tensortorrent_dynamo.chunking import WeightChunker, chunk_key, row_ranges, rows_of
 from tensortorrent_dynamo.cost_graph import build_cost_graph
 from tensortorrent_dynamo.functional import GraphInputs, capture
-from tensortorrent_dynamo.offload import DiskReader, HostBufferPool, write_safetensors
+from tensortorrent_dynamo.io.offload import DiskReader, HostBufferPool, write_safetensors
+from tensortorrent_dynamo.passes.chunk_weights import WeightChunker, chunk_key, row_ranges, rows_of
 from tests.models import mlp
 
 

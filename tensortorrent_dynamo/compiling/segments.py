@@ -17,11 +17,11 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import run
-from .errors import TensorTorrentError, TensorTorrentWarning
-from .rewrite import Rewritten
-from .run import Runtime, Segment
-from .settings import Settings
+from ..errors import TensorTorrentError, TensorTorrentWarning
+from ..passes.rewrite import Rewritten
+from ..run import runtime as run
+from ..run.runtime import Runtime, Segment
+from ..settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
-from .cost_graph import CostGraph
-from .errors import CheckpointError
-from .offload import FileGuard, OffloadStore, TensorLocation, safetensors_locations
-from .plan import GraphPlan
-from .profile.cache import default_offload_dir
-from .settings import Settings
-from .units import format_bytes
+from ..cost_graph import CostGraph
+from ..errors import CheckpointError
+from ..io.offload import FileGuard, OffloadStore, TensorLocation, safetensors_locations
+from ..plan.planner import GraphPlan
+from ..profile.cache import default_offload_dir
+from ..settings import Settings
+from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 

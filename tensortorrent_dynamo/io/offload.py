@@ -44,9 +44,9 @@ from typing import Any, BinaryIO
 import crc32c
 import torch
 
-from .errors import CheckpointError, OffloadCorruptError, OffloadError
-from .profile.disk import PAGE_BYTES
-from .units import format_bytes, format_rate
+from ..errors import CheckpointError, OffloadCorruptError, OffloadError
+from ..profile.disk import PAGE_BYTES
+from ..units import format_bytes, format_rate
 
 __all__ = [
     "CHECKSUM",

@@ -8,8 +8,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tensortorrent_dynamo import run
-from tensortorrent_dynamo.compiler import _fake_inputs
+from tensortorrent_dynamo.compiling.segments import _fake_inputs
+from tensortorrent_dynamo.run import runtime as run
 
 
 def _values() -> dict[str, torch.Tensor]:

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cost_graph import CostGraph
-from .profile.cache import cache_dir
-from .saved_plan import graph_hash
+from ..cost_graph import CostGraph
+from ..profile.cache import cache_dir
+from .files import graph_hash
 
 if TYPE_CHECKING:
-    from . import _planner
+    from .. import _planner
 
 log = logging.getLogger(__name__)
 

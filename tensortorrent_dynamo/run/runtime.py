@@ -40,10 +40,10 @@ import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .errors import CopyTimeout, VirtualDeviceOutOfMemory
-from .offload import DiskReader, FileGuard, HostBufferPool, ReadResult, TensorLocation
-from .settings import Settings
-from .units import format_bytes
+from ..errors import CopyTimeout, VirtualDeviceOutOfMemory
+from ..io.offload import DiskReader, FileGuard, HostBufferPool, ReadResult, TensorLocation
+from ..settings import Settings
+from ..units import format_bytes
 
 T = TypeVar("T")
 

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .cost_graph import CostGraph
-from .errors import PlanFormatError, StalePlanError
-from .profile import HostProfile
-from .profile.detect import current_fingerprint
-from .profile.schema import Fingerprint
-from .settings import OPTION_HELP
+from ..cost_graph import CostGraph
+from ..errors import PlanFormatError, StalePlanError
+from ..profile import HostProfile
+from ..profile.detect import current_fingerprint
+from ..profile.schema import Fingerprint
+from ..settings import OPTION_HELP
 
 if TYPE_CHECKING:
-    from .backend import CompiledGraph
+    from ..backend import CompiledGraph
 
 PLAN_FORMAT = "tensortorrent-plan"
 PLAN_FORMAT_VERSION = 1
@@ -215,6 +215,6 @@ def _field(data: Mapping[str, Any], key: str, kind: type[_T], where: str = "") -
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__

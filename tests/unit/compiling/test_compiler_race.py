@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tensortorrent_dynamo.compiler import keep_faster
+from tensortorrent_dynamo.compiling.segments import keep_faster
 
 
 class _MustNotRun(torch.nn.Module):
