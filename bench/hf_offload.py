@@ -8,7 +8,7 @@ heads (8 KV heads, head dim 128), vocab 32000 (383 MB of parameters); one regime
 32 tokens; the budget is half the parameter bytes (``--budget`` to set it).
 
 Competitors, each in its own fresh process (what each holds in RAM, RSS and page cache:
-``bench/offload_common.py``): eager with no budget (reference), Accelerate
+``bench/offload/__init__.py``): eager with no budget (reference), Accelerate
 (``infer_auto_device_map`` with ``no_split_module_classes=["Qwen3DecoderLayer"]`` then
 ``load_checkpoint_and_dispatch``), TensorTorrent from ``model.safetensors`` on a model built
 under ``accelerate.init_empty_weights(include_buffers=False)`` (so the rotary ``inv_freq``
@@ -16,7 +16,7 @@ buffers stay real). Quality against eager's logits: cosine similarity of the fla
 float32 logits and per-position argmax agreement; pass = cosine >= 0.99 and agreement >= 0.9
 (bf16).
 
-Three rounds of the competitors' processes, interleaved (see ``bench/offload_common.py``):
+Three rounds of the competitors' processes, interleaved (see ``bench/offload/__init__.py``):
 about 2.5 minutes on the 2-core development machine.
 
 With ``--device cuda:0`` (bench/gpu_check.sh) the budget is on the GPU: GPU eager, CPU eager,
@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from .offload_common import DEFAULT_REPEATS, add_arguments, logits_quality, run_bench
+from .offload.runner import DEFAULT_REPEATS, add_arguments, run_bench
+from .offload.workload import logits_quality
 
 SEED = 0
 COMPETITORS = ("eager", "accelerate", "tensortorrent")

@@ -7,7 +7,7 @@ own fresh process: eager with no budget (the reference), Accelerate
 (``infer_auto_device_map`` with ``max_memory={"cpu": budget, "disk": ...}`` then
 ``load_checkpoint_and_dispatch``), TensorTorrent from the checkpoint on a meta model (the
 main figure) and TensorTorrent given the real model. What each holds in RAM, how RSS and the
-page cache are handled, and the lower bound: see ``bench/offload_common.py``.
+page cache are handled, and the lower bound: see ``bench/offload/__init__.py``.
 
 Figures: per regime and competitor, median ms with a cold page cache and with a warm one
 (over every call of every round, and per round), peak RSS, max abs difference from eager,
@@ -30,7 +30,8 @@ import torch
 
 from tests.models import mlp
 
-from .offload_common import DEFAULT_REPEATS, add_arguments, fp32_quality, run_bench
+from .offload.runner import DEFAULT_REPEATS, add_arguments, run_bench
+from .offload.workload import fp32_quality
 
 SEED = 0
 COMPETITORS = ("eager", "accelerate", "tensortorrent", "tensortorrent_in_memory")

@@ -26,7 +26,7 @@ import torch
 from tests.models import mlp
 
 from .common import RESULTS, write_results
-from .offload_common import drop_page_cache
+from .offload.measure import drop_page_cache
 
 SEED = 0
 

@@ -25,16 +25,11 @@ import pytest
 import torch
 
 from bench import hf_offload, ram_offload, verify_cost
-from bench.offload_common import (
-    disk_figures,
-    drop_page_cache,
-    fp32_quality,
-    logits_quality,
-    measure_reader,
-    schedule,
-    summarize_regime,
-    worst_quality,
-)
+from bench.offload.disk import disk_figures, measure_reader
+from bench.offload.measure import drop_page_cache
+from bench.offload.runner import schedule
+from bench.offload.summary import summarize_regime
+from bench.offload.workload import fp32_quality, logits_quality, worst_quality
 
 TINY_RAM = ["--layers", "8", "--width", "256", "--batches", "4"]
 TINY_HF = [

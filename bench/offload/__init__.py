@@ -1,0 +1,89 @@
+"""The harness of the offload benches (ram_offload, hf_offload).
+
+A model whose parameters are larger than a memory budget is run by eager PyTorch with no
+budget (the reference), by Accelerate with the budget and the rest offloaded, and by
+TensorTorrent with the same budget. Every competitor runs each regime in a fresh Python
+process of its own (``python -m bench.offload.child run SPEC OUT``), so that its peak RSS
+is its own and nothing is left over from another regime.
+
+One run of a bench, from the parent process:
+
+1. Setup, in a subprocess: the model is built with real weights from a fixed seed, saved
+   once as ``model.safetensors`` in the work directory, and each regime's inputs and
+   eager's outputs are saved to ``reference.pt``. Every competitor loads its weights from
+   that one file; none of them builds random weights.
+2. The disk's read bandwidth is measured at the offload directory with the project's own
+   ``DiskBench`` (one stream of O_DIRECT reads where the filesystem allows it; the method is
+   recorded), before the competitors and again after them.
+3. ``--rounds`` rounds (3 at full size, 1 with ``--quick``). Each round first reads
+   ``model.safetensors`` cold with the project's own ``DiskReader`` (every tensor submitted at
+   once, its default 4 threads; the bandwidth TensorTorrent's reader reaches on this very
+   file), then runs every (regime, competitor) process, odd rounds in one order and even
+   rounds in the reverse (``schedule``), so that the disk's and the CPU's drift over minutes
+   on a shared host hits the competitors alike. Each process is fresh and builds the model on
+   the meta device (parameters on ``meta``, buffers real), loads what it needs (setup
+   seconds), compiles if it does (compile seconds), makes warm-up calls (excluded, their
+   count recorded), ``repeats`` timed calls with the page cache dropped before each
+   (``sync; echo 3 > /proc/sys/vm/drop_caches``: the cold figure) and ``repeats`` timed calls
+   without dropping it (the warm figure). Every call's output is checked against eager's
+   saved output. A competitor that fails records its error and the bench goes on (a round
+   that failed fails the competitor). Where the cache cannot be dropped (not root), the JSON
+   says ``page cache not dropped: <why>``.
+4. The parent writes the JSON (``bench.common``): per regime and competitor the medians over
+   every timed call of every round (cold and warm), each round's medians (``rounds``, with
+   when each process started, so drift shows), setup and compile seconds as the median over
+   rounds and RSS figures as the max over rounds. Ratios come three ways: the headline is the
+   median over rounds of each round's ratio (both figures of a round were measured minutes
+   apart at most), ``*_pooled`` the ratio of the pooled medians, ``*_by_round`` each round's.
+   The lower bound is max(eager's warm time, streamed bytes / the highest read bandwidth
+   measured in the run, by DiskBench or DiskReader); a competitor more than ``BOUND_NOISE``
+   under its bound is listed as a violation: the rate was underestimated.
+
+What each competitor holds in RAM (CPU mode; all hold the inputs and activations):
+
+- ``eager``: every parameter, as anonymous memory: ``safetensors.torch.load_file`` reads the
+  whole checkpoint (with ``pread``, not a mapping of the file) and the meta model takes the
+  tensors (``load_state_dict(assign=True)``).
+- ``accelerate``: ``infer_auto_device_map(max_memory={"cpu": budget, "disk": ...})`` then
+  ``load_checkpoint_and_dispatch``, Accelerate's documented way to run a model whose weights
+  do not fit. Modules mapped to ``"cpu"`` are resident tensors (Accelerate keeps room in the
+  budget for the largest layer, so fewer than ``budget`` bytes). Modules mapped to ``"disk"``
+  are written at setup as ``.dat`` files in the offload directory and, during each forward,
+  read one module at a time (``np.memmap`` copied into a tensor) and dropped after it. Note
+  that ``load_checkpoint_and_dispatch`` on a single-file checkpoint reads every tensor of it
+  into RAM before writing the disk part, so its setup peak (``peak_rss_setup_bytes``) is
+  more than the whole model; its peak during calls (``peak_rss_cold_calls_bytes``) is the
+  honest steady state. Warm calls read the ``.dat`` files from the page cache.
+- ``tensortorrent``: the meta model bound to ``model.safetensors`` (``checkpoint=``); the
+  plan decides which parameters stay in host RAM within the budget, the rest is read from
+  disk when needed. It never holds all weights at once, so it is the main TensorTorrent
+  figure.
+- ``tensortorrent_in_memory``: the real model loaded as for eager, then ``tt.compile`` with
+  the budget and an ``offload_dir``: its lifetime peak includes the whole model (it was
+  given the whole model), its peak during calls shows what it kept.
+
+CUDA mode (``--device cuda:0``, the GPU check): the budget is on the accelerator; ``eager``
+runs on it with every weight resident, ``eager_cpu`` is CPU eager, Accelerate gets
+``max_memory={0: budget, "cpu": ...}`` and TensorTorrent ``budgets={"cuda:0": budget}``.
+
+RSS figures (bytes, from ``/proc/self/status``): ``rss_baseline_bytes`` after the imports and
+the meta model, before any weight is loaded; ``peak_rss_setup_bytes`` the peak up to the
+end of setup; ``peak_rss_bytes`` the process's lifetime peak (``ru_maxrss`` and every
+``VmHWM`` seen); ``peak_rss_{cold,warm}_calls_bytes`` the peak over the timed calls (``VmHWM``
+after resetting it through ``/proc/self/clear_refs``) and ``rss_growth_*`` each over the
+baseline. RSS counts file pages mapped into the process (``RssFile``, recorded apart), so
+a competitor that keeps a checkpoint mapped is charged for the pages it touched; note too
+that ``drop_caches`` cannot evict pages that a process keeps mapped. ``io_read_bytes`` per
+call is the kernel's count of bytes the process fetched from storage (``/proc/self/io``), an
+independent check of each competitor's disk traffic.
+
+The modules, each importing only modules listed above it:
+
+- ``workload``: what a bench supplies (the ``Workload`` protocol) and the output checks.
+- ``measure``: measurements inside a competitor's process (page cache, RSS, io bytes).
+- ``competitors``: ``Context``, ``Competitor`` and its subclasses, by name in ``COMPETITORS``.
+- ``child``: a competitor's process and the setup step (``python -m bench.offload.child``).
+- ``disk``: the disk's read bandwidth (``DiskBench``, ``DiskReader``), the bound's rate.
+- ``summary``: each competitor's rounds pooled into medians; the lower bound and the ratios.
+- ``runner``: ``run_bench``, the options every offload bench has, the printed summary.
+"""

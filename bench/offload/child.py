@@ -1,0 +1,185 @@
+"""A competitor's process: ``python -m bench.offload.child {run,setup} SPEC.json OUT.json``.
+
+``setup`` builds the seeded model and saves the checkpoint, the inputs and eager's outputs;
+``run`` runs one competitor on one regime (setup, compile, warm-up, cold and warm timed
+calls) and writes what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .competitors import COMPETITORS, Call, Competitor, Context
+from .measure import PeakRss, drop_page_cache, io_read_bytes, param_bytes, proc_status
+from .workload import Workload, load_workload, worst_quality
+
+CHECKPOINT = "model.safetensors"
+REFERENCE = "reference.pt"
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def timed_calls(
+    call: Call,
+    competitor: Competitor,
+    expected: torch.Tensor,
+    workload: Workload,
+    count: int,
+    drop: bool,
+    peaks: PeakRss,
+) -> dict[str, Any]:
+    """``count`` timed calls; with ``drop``, the page cache is dropped before each."""
+    times: list[float] = []
+    per_call: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    notes: set[str] = set()
+    reset = peaks.reset()
+    for _ in range(count):
+        if drop:
+            problem = drop_page_cache()
+            if problem:
+                notes.add(problem)
+        io_before = io_read_bytes()
+        start = time.perf_counter()
+        out = call()
+        synchronize(competitor.ctx.device)
+        times.append(time.perf_counter() - start)
+        io_after = io_read_bytes()
+        extra = competitor.after_call()
+        if io_before is not None and io_after is not None:
+            extra["io_read_bytes"] = io_after - io_before
+        per_call.append(extra)
+        checks.append(workload.quality(out, expected))
+        del out
+    status = proc_status()
+    return {
+        "times_ms": [1e3 * t for t in times],
+        "median_ms": 1e3 * statistics.median(times) if times else None,
+        "per_call": per_call,
+        "quality": worst_quality(checks),
+        "peak_rss_calls_bytes": status.get("VmHWM") if reset else None,
+        "rss_after_calls": status,
+        "page_cache": sorted(notes)[0] if notes else ("dropped" if drop else "not dropped"),
+    }
+
+
+def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything a competitor's process measures on one regime (see ``bench.offload``)."""
+    torch.set_grad_enabled(False)
+    workload = load_workload(spec["workload"], spec["params"])
+    ctx = Context(spec, workload)
+    competitor = COMPETITORS[spec["competitor"]](ctx)
+    competitor.imports()
+    reference = torch.load(spec["reference"], weights_only=True)[spec["regime"]]
+    model = workload.build_meta()
+    peaks = PeakRss()
+    baseline = proc_status()
+    start = time.perf_counter()
+    competitor.setup(model)
+    setup_s = time.perf_counter() - start
+    after_setup = proc_status()
+    inputs = tuple(t.to(competitor.device) for t in reference["inputs"])
+    expected = reference["output"]
+    start = time.perf_counter()
+    call = competitor.prepare(model, inputs)
+    compile_s = time.perf_counter() - start
+    warm_checks = [workload.quality(call(), expected) for _ in range(spec["warmup"])]
+    synchronize(ctx.device)
+    drop = bool(spec["drop_caches"])
+    cold = timed_calls(call, competitor, expected, workload, spec["repeats"], drop, peaks)
+    warm = timed_calls(call, competitor, expected, workload, spec["repeats"], False, peaks)
+    for phase in (cold, warm):
+        peak, base = phase["peak_rss_calls_bytes"], baseline.get("VmRSS")
+        phase["rss_growth_bytes"] = peak - base if peak and base else None
+    quality = worst_quality([*warm_checks, cold["quality"], warm["quality"]])
+    return {
+        "ok": quality["ok"],
+        "holds_in_ram": competitor.holds,
+        "rss_baseline": baseline,
+        "setup_s": setup_s,
+        "rss_after_setup": after_setup,
+        "compile_s": compile_s,
+        "warmup_calls": spec["warmup"],
+        "cold": cold,
+        "warm": warm,
+        "quality": quality,
+        "peak_rss_bytes": peaks.lifetime(),
+        "info": competitor.info,
+        **competitor.regime_info(),
+    }
+
+
+def child_main(spec_path: Path, out_path: Path) -> int:
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = run_competitor(spec)
+    except Exception as exc:
+        traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [""])[0]
+        result = {"ok": False, "error": f"{type(exc).__name__}: {first}"}
+    out_path.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def setup_main(spec_path: Path, out_path: Path) -> int:
+    """Build the seeded model, save the checkpoint, the inputs and eager's outputs."""
+    from safetensors.torch import save_file
+
+    spec = json.loads(spec_path.read_text())
+    torch.set_grad_enabled(False)
+    work = Path(spec["work_dir"])
+    start = time.perf_counter()
+    workload = load_workload(spec["workload"], spec["params"])
+    model = workload.build().eval()
+    built_s = time.perf_counter() - start
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(work / CHECKPOINT), metadata={"format": "pt"})
+    del state
+    saved_s = time.perf_counter() - start - built_s
+    reference = {}
+    for regime in workload.regimes:
+        inputs = workload.inputs(regime)
+        reference[regime] = {"inputs": list(inputs), "output": model(*inputs)}
+    torch.save(reference, work / REFERENCE)
+    out_path.write_text(
+        json.dumps(
+            {
+                "param_bytes": param_bytes(model),
+                "checkpoint_bytes": (work / CHECKPOINT).stat().st_size,
+                "build_s": built_s,
+                "save_s": saved_s,
+                "seconds": time.perf_counter() - start,
+                "input_shapes": {
+                    r: [list(t.shape) for t in v["inputs"]] for r, v in reference.items()
+                },
+            }
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 3 or argv[0] not in ("run", "setup"):
+        print("usage: python -m bench.offload.child {run,setup} SPEC.json OUT.json")
+        return 2
+    command, spec, out = argv
+    if command == "setup":
+        return setup_main(Path(spec), Path(out))
+    return child_main(Path(spec), Path(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

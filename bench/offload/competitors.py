@@ -1,0 +1,214 @@
+"""The competitors: what each is told (``Context``), how each loads and calls the model
+(``Competitor`` and its subclasses: eager, Accelerate, TensorTorrent), by name in
+``COMPETITORS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .workload import Workload
+
+DISK_UNBOUNDED = 1 << 50
+"""Accelerate's ``max_memory`` for the tier that takes whatever the budget leaves."""
+
+
+def load_checkpoint_into(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
+    """Give a meta model the checkpoint's tensors, all of them in anonymous memory.
+
+    safetensors >= 0.8 maps the file by default (the weights would then be page cache pages
+    mapped into the process); ``backend="pread"`` reads them into memory of their own.
+    """
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(checkpoint), backend="pread")
+    except TypeError:  # an older safetensors: copy out of the mapping
+        state = {k: v.clone() for k, v in load_file(str(checkpoint)).items()}
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+Call = Callable[[], torch.Tensor]
+
+
+class Context:
+    """What a competitor is told: the workload, files, budget and device."""
+
+    def __init__(self, spec: Mapping[str, Any], workload: Workload) -> None:
+        self.workload = workload
+        self.checkpoint = Path(spec["checkpoint"])
+        self.offload_dir = Path(spec["offload_dir"])
+        self.budget = int(spec["budget_bytes"])
+        self.device = str(spec["device"])
+        self.cuda = self.device.startswith("cuda")
+
+
+class Competitor:
+    """One way of running the model on one regime: ``setup`` (its seconds are the setup
+    figure), then ``prepare`` (the compile figure), then the calls."""
+
+    holds = ""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.device = ctx.device
+        """Where the model runs and its inputs are put."""
+        self.model: torch.nn.Module | None = None
+        self.info: dict[str, Any] = {}
+
+    def imports(self) -> None:
+        """Import what this competitor needs (before the RSS baseline)."""
+
+    def setup(self, model: torch.nn.Module) -> None:
+        """Load weights / dispatch the model."""
+
+    def prepare(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Call:
+        """A call of the model on ``inputs`` (compiling for them if this competitor does)."""
+        module = model if self.model is None else self.model
+        return lambda: module(*inputs)
+
+    def after_call(self) -> dict[str, Any]:
+        """Figures of the call just made (e.g. bytes read from disk)."""
+        return {}
+
+    def regime_info(self) -> dict[str, Any]:
+        """Figures of the regime after its calls (e.g. the plan)."""
+        return {}
+
+
+class Eager(Competitor):
+    holds = (
+        "every parameter, as anonymous memory (safetensors.torch.load_file of the whole "
+        "checkpoint, assigned to the meta model)"
+    )
+
+    def setup(self, model: torch.nn.Module) -> None:
+        self.model = load_checkpoint_into(model, self.ctx.checkpoint).to(self.device)
+
+
+class EagerCpu(Eager):
+    holds = Eager.holds + "; runs on the CPU whatever the bench's device"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.device = "cpu"
+
+
+class Accelerate(Competitor):
+    holds = (
+        "modules its device_map puts on 'cpu' as resident tensors; modules on 'disk' are "
+        ".dat files in the offload dir, each read (np.memmap copied into a tensor) for its "
+        "forward and dropped after it; load_checkpoint_and_dispatch reads the whole "
+        "single-file checkpoint into RAM during setup"
+    )
+
+    def imports(self) -> None:
+        import accelerate  # noqa: F401
+
+    def setup(self, model: torch.nn.Module) -> None:
+        from accelerate import infer_auto_device_map, load_checkpoint_and_dispatch
+
+        ctx = self.ctx
+        max_memory: dict[int | str, int] = (
+            {int(self.device.partition(":")[2] or 0): ctx.budget, "cpu": DISK_UNBOUNDED}
+            if ctx.cuda
+            else {"cpu": ctx.budget, "disk": DISK_UNBOUNDED}
+        )
+        device_map = infer_auto_device_map(
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=ctx.workload.no_split_module_classes,
+            dtype=ctx.workload.dtype,
+        )
+        self.info["max_memory"] = {str(k): v for k, v in max_memory.items()}
+        self.info["device_map"] = {k: str(v) for k, v in device_map.items()}
+        self.info["device_map_split"] = device_map_split(model, device_map)
+        self.model = load_checkpoint_and_dispatch(
+            model,
+            str(ctx.checkpoint),
+            device_map=device_map,
+            offload_folder=str(ctx.offload_dir),
+        )
+
+
+def device_map_split(model: torch.nn.Module, device_map: Mapping[str, Any]) -> dict[str, Any]:
+    """Per device of a device_map: modules holding parameters, and their parameter bytes."""
+    split: dict[str, dict[str, int]] = {}
+    sizes = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
+    for module, device in device_map.items():
+        prefix = f"{module}." if module else ""
+        nbytes = sum(n for name, n in sizes.items() if name.startswith(prefix))
+        if nbytes:
+            row = split.setdefault(str(device), {"modules": 0, "param_bytes": 0})
+            row["modules"] += 1
+            row["param_bytes"] += nbytes
+    return split
+
+
+class TensorTorrent(Competitor):
+    holds = (
+        "the meta model bound to model.safetensors (checkpoint=): the plan keeps parameters "
+        "in host RAM within the budget and reads the rest from disk; never all weights at once"
+    )
+
+    use_checkpoint = True
+    compiled: Any = None
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        # Inputs stay on the host, as for the model: the plan places the work.
+        self.device = "cpu"
+
+    def imports(self) -> None:
+        import tensortorrent  # noqa: F401
+
+    def options(self) -> dict[str, Any]:
+        ctx = self.ctx
+        options: dict[str, Any] = {
+            "budgets": {ctx.device if ctx.cuda else "cpu": ctx.budget},
+            "offload_dir": str(ctx.offload_dir),
+            "compiler": "eager",
+        }
+        if ctx.cuda:
+            options["devices"] = [ctx.device]
+        if self.use_checkpoint:
+            options["checkpoint"] = str(ctx.checkpoint)
+        return options
+
+    def prepare(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Call:
+        import tensortorrent as tt
+
+        source = model if self.model is None else self.model
+        compiled = tt.compile(source, example_inputs=inputs, **self.options())
+        self.compiled = compiled
+        return lambda: compiled(*inputs)
+
+    def after_call(self) -> dict[str, Any]:
+        return {"disk_bytes_read": int(self.compiled.disk_bytes_read())}
+
+    def regime_info(self) -> dict[str, Any]:
+        return {"explain": self.compiled.explain()}
+
+
+class TensorTorrentInMemory(TensorTorrent):
+    holds = (
+        "the real model loaded as for eager (all weights), then tt.compile with the budget "
+        "and offload_dir: the lifetime peak includes the whole model"
+    )
+    use_checkpoint = False
+
+    def setup(self, model: torch.nn.Module) -> None:
+        self.model = load_checkpoint_into(model, self.ctx.checkpoint)
+
+
+COMPETITORS: dict[str, type[Competitor]] = {
+    "eager": Eager,
+    "eager_cpu": EagerCpu,
+    "accelerate": Accelerate,
+    "tensortorrent": TensorTorrent,
+    "tensortorrent_in_memory": TensorTorrentInMemory,
+}

@@ -1,0 +1,79 @@
+"""Measurements inside a competitor's process: dropping the page cache, RSS and its peak
+(``/proc/self/status``, ``clear_refs``), bytes fetched from storage (``/proc/self/io``) and
+parameter bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from pathlib import Path
+
+import torch
+
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def drop_page_cache(path: Path = DROP_CACHES) -> str | None:
+    """``sync; echo 3 > drop_caches``; ``None`` when done, else why the cache was kept."""
+    try:
+        os.sync()
+        with open(path, "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        return f"page cache not dropped: cannot write {path} ({exc.strerror or exc})"
+    return None
+
+
+def proc_status() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile and RssShmem of this process, in bytes."""
+    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in keys:
+                out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (``echo 5 > /proc/self/clear_refs``, Linux >= 4.0)."""
+    try:
+        CLEAR_REFS.write_text("5\n")
+    except OSError:
+        return False
+    return True
+
+
+def io_read_bytes() -> int | None:
+    """Bytes this process caused to be fetched from storage (``/proc/self/io``)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return None
+
+
+def lifetime_peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class PeakRss:
+    """The process's peak RSS over spans: VmHWM is reset at the start of each span, and the
+    lifetime peak is kept here (a reset lowers ``ru_maxrss`` too)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def reset(self) -> bool:
+        self.seen = max(self.seen, proc_status().get("VmHWM", 0))
+        return reset_peak_rss()
+
+    def lifetime(self) -> int:
+        return max(self.seen, proc_status().get("VmHWM", 0), lifetime_peak_rss())
