@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     )
     from .settings import Settings, VirtualDeviceSpec, parse_options
     from .units import parse_bytes
-    from .weights.homes import bind_checkpoint
+    from .weights.released import bind_checkpoint
 
 __version__ = "0.1.0"
 
@@ -44,7 +44,7 @@ _HOME = {
     "compile": "api",
     "export_cost_graphs": "api",
     "load": "api",
-    "bind_checkpoint": "weights.homes",
+    "bind_checkpoint": "weights.released",
     "CheckpointError": "errors",
     "CopyTimeout": "errors",
     "OffloadCorruptError": "errors",

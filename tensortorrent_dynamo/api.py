@@ -8,15 +8,16 @@ from typing import Any
 
 import torch
 
-from .backend import CompiledGraph, TensorTorrentBackend
+from .backend import TensorTorrentBackend
 from .cost_graph import CostGraph, build_cost_graph
-from .errors import CheckpointError, TensorTorrentError
+from .errors import CheckpointError, PlanFormatError, TensorTorrentError
 from .functional import capture
 from .plan import files as saved_plan
 from .report.explain import explain
 from .report.trace import write_trace
+from .session import CompiledGraph
 from .settings import parse_options
-from .weights.homes import bind_checkpoint
+from .weights.released import bind_checkpoint
 
 
 class CompiledModule(torch.nn.Module):
@@ -73,7 +74,17 @@ class CompiledModule(torch.nn.Module):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plans of every compiled graph to ``path`` (JSON; see ``tt.load``)."""
-        saved_plan.save(path, self.graphs, self.explain())
+        graphs = self.graphs
+        if not graphs:
+            raise PlanFormatError("nothing to save: no graph has been compiled yet")
+        first = graphs[0]
+        saved_plan.save(
+            path,
+            [g.plan for g in graphs],
+            first.profile,
+            first.settings.to_options(),
+            self.explain(),
+        )
 
     def trace(self, path: str | os.PathLike[str]) -> None:
         """Write a Chrome/Perfetto trace: the simulated timeline and, after a call, the

@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ._native import native_planner
 from .errors import CostGraphFormatError
+from .io.files import digest
 
 if TYPE_CHECKING:
     from . import _planner
@@ -234,9 +235,22 @@ class CostGraph:
             ) from exc
         return cls.from_json(data, source=str(path))
 
-    def to_native(self, param_home: Sequence[str] | None = None) -> _planner.CostGraph:
+    def digest(self) -> str:
+        """A hash of what the planner sees of the graph (not of the torch version that
+        traced it): the plan cache's and saved plans' key."""
+        data = self.to_json()
+        data.pop("torch_version")
+        return digest(data)
+
+    def to_native(
+        self,
+        param_home: Sequence[str] | None = None,
+        disk_allowed: Sequence[bool] | None = None,
+    ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
-        parameter's tier (``"host"`` or ``"disk"``; all ``"host"`` when omitted)."""
+        parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
+        ``disk_allowed`` which host-RAM ones the planner may move to disk (none when
+        omitted)."""
         input_offsets = [0]
         input_ids: list[int] = []
         for node in self.nodes:
@@ -259,6 +273,7 @@ class CostGraph:
             output_ids=list(self.output_ids),
             node_bytes_accessed=[n.bytes_accessed for n in self.nodes],
             param_home=list(param_home) if param_home is not None else None,
+            param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
         )
 
 

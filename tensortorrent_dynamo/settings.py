@@ -20,7 +20,9 @@ Objective = Literal["latency", "memory", "throughput"]
 Compiler = Literal["inductor", "eager"]
 Replan = Literal["error", "auto"]
 ProfileChoice = Literal["auto", "nominal"]
+OBJECTIVES, COMPILERS, REPLANS = get_args(Objective), get_args(Compiler), get_args(Replan)
 PROFILE_ENV = "TENSORTORRENT_PROFILE"
+PLAN_CACHE_ENV = "TENSORTORRENT_PLAN_CACHE"
 DEFAULT_STREAM_CHUNK_BYTES = 16 * 2**20
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+|virtual:\d+)$")
@@ -57,64 +59,112 @@ _VIRTUAL_KEYS = {
 }
 
 
+def _option(default: Any = dataclasses.MISSING, *, help: str, **kw: Any) -> Any:
+    """A settings field with its help text (what ``OPTION_HELP`` and errors show)."""
+    return dataclasses.field(default=default, metadata={"help": help}, **kw)
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value != "0"
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Everything the backend was asked to do, parsed and checked.
+    """Everything the backend was asked to do, parsed and checked: each field is an
+    option of ``options={...}``, its default written here once, its help text beside it
+    (``OPTION_HELP``, generated from these fields). Environment variables are read here
+    too, as defaults: ``TENSORTORRENT_PROFILE`` (``profile``) and
+    ``TENSORTORRENT_PLAN_CACHE`` (``plan_cache``)."""
 
-    Attributes:
-        budgets: bytes each device or tier may hold, e.g. ``{"virtual:0": 67108864}``.
-            Devices without an entry get their capacity (for ``cpu``: the machine's RAM).
-        objective: ``"latency"`` (fastest forward), ``"memory"`` (least accelerator
-            memory within a 10% latency slack) or ``"throughput"``.
-        compiler: ``"inductor"`` or ``"eager"`` for host and CUDA subgraphs; virtual
-            devices always run eager.
-        devices: compute devices the planner may use; ``None`` means every device seen
-            or declared plus ``cpu``. The host always keeps parameters and runs nodes
-            that cannot run elsewhere.
-        strict: raise instead of falling back to the CPU for nodes that cannot be
-            costed or placed.
-        virtual_devices: declared virtual accelerators by name (``virtual:N``).
-        profile: which host profile to plan with: ``"auto"`` (this machine's measured
-            profile, cached per hardware fingerprint; the first use measures a short one in
-            a few seconds), ``"nominal"`` (built-in rates) or the path of a profile JSON
-            written by ``tensortorrent validate-hardware --output``. The default is
-            ``"auto"``, or the value of the environment variable ``TENSORTORRENT_PROFILE``.
-        plan: path of a saved plan (``CompiledModule.save``) to reproduce instead of
-            searching; each graph must match the graph and hardware it was saved for.
-        replan: what a saved plan that no longer matches does: ``"error"`` refuses it,
-            ``"auto"`` plans again and warns why.
-        offload_dir: directory of the disk tier: parameters whose home the plan makes disk
-            are written there once (safetensors shards with a manifest of checksums) and read
-            back each run. ``None`` means ``<cache dir>/offload``.
-        checkpoint: path of a safetensors file holding the weights of a model built on the
-            meta device; its parameters stay on disk and are read from this file.
-        stream_chunk_bytes: weights read from disk that are larger than this, and used only
-            as the weight of linear layers, are split into row chunks of at most this size,
-            each planned (kept in RAM or read each run) on its own (``chunking.py``); 0
-            turns it off.
-        io_timeout_s: how long a call waits for one read from disk or one copy between
-            devices before it gives up with an error naming it (a hung disk must not hang
-            the caller).
-        verify: check the first call of each graph segment by segment against eager on the
-            same inputs, and raise ``VerifyMismatch`` naming the first segment (its nodes
-            and modules) whose outputs differ (``verify.py``; a debug mode: it holds every
-            intermediate value).
-    """
-
-    budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    objective: Objective = "latency"
-    compiler: Compiler = "inductor"
-    devices: tuple[str, ...] | None = None
-    strict: bool = False
-    virtual_devices: Mapping[str, VirtualDeviceSpec] = dataclasses.field(default_factory=dict)
-    profile: str = dataclasses.field(default_factory=default_profile)
-    plan: str | None = None
-    replan: Replan = "error"
-    offload_dir: str | None = None
-    checkpoint: str | None = None
-    stream_chunk_bytes: int = DEFAULT_STREAM_CHUNK_BYTES
-    io_timeout_s: float = 300.0
-    verify: bool = False
+    budgets: Mapping[str, int] = _option(
+        default_factory=dict,
+        help=(
+            "dict device -> size, e.g. {'virtual:0': '64MiB', 'cpu': '8GiB'}: bytes each "
+            "device may hold; a device without one gets its capacity (cpu: the machine's RAM)"
+        ),
+    )
+    objective: Objective = _option(
+        "latency",
+        help="one of "
+        + ", ".join(repr(x) for x in get_args(Objective))
+        + ": the fastest forward, or the least accelerator memory within the memory slack "
+        "of the fastest ('throughput' chooses as 'latency' does)",
+    )
+    compiler: Compiler = _option(
+        "inductor",
+        help="one of "
+        + ", ".join(repr(x) for x in get_args(Compiler))
+        + " for host and CUDA segments; virtual devices always run eager",
+    )
+    devices: tuple[str, ...] | None = _option(
+        None,
+        help=f"list of compute devices the planner may use, each {DEVICE_FORMS} "
+        "(default: every device seen or declared, and cpu)",
+    )
+    strict: bool = _option(
+        False, help="bool: error instead of CPU fallback for nodes that cannot be placed"
+    )
+    virtual_devices: Mapping[str, VirtualDeviceSpec] = _option(
+        default_factory=dict,
+        help="dict 'virtual:N' -> {" + ", ".join(_VIRTUAL_KEYS) + "}: accelerators that run "
+        "on the CPU with a memory ledger of their own",
+    )
+    profile: str = _option(
+        default_factory=default_profile,
+        help="'auto' (measured once per hardware, cached), 'nominal' (built-in rates) or the "
+        f"path of a profile JSON (tensortorrent validate-hardware --output); default 'auto' "
+        f"or ${PROFILE_ENV}",
+    )
+    plan: str | None = _option(
+        None, help="path of a saved plan to reproduce instead of searching (CompiledModule.save)"
+    )
+    replan: Replan = _option(
+        "error", help="when a saved plan no longer matches: 'error' (default) or 'auto'"
+    )
+    offload_dir: str | None = _option(
+        None,
+        help="directory of the disk tier: weights the plan puts on disk are written there "
+        "once and read back each run (default: <cache dir>/offload)",
+    )
+    checkpoint: str | None = _option(
+        None, help="safetensors file with the weights of a model built on the meta device"
+    )
+    stream_chunk_bytes: int = _option(
+        DEFAULT_STREAM_CHUNK_BYTES,
+        help="size, e.g. '16MiB' (the default): weights the plan puts on disk that are used "
+        "only by linear layers are planned in row chunks of at most this size; 0 turns it off",
+    )
+    io_timeout_s: float = _option(
+        300.0, help="seconds a call waits for one disk read or copy before failing (default 300)"
+    )
+    verify: bool = _option(
+        False, help="bool: check the first call segment by segment against eager (a debug mode)"
+    )
+    read_threads: int = _option(4, help="threads reading weights from disk (default 4)")
+    prefetch_depth: int = _option(
+        1, help="segments ahead a streamed weight is prefetched (default 1: a double buffer)"
+    )
+    memory_slack: float = _option(
+        0.10,
+        help="objective='memory': the fraction over the fastest plan's time it may take "
+        "(default 0.1)",
+    )
+    planner_node_limit: int | None = _option(
+        None,
+        help="nodes the planner's local search may simulate (default: 32 simulations of "
+        "the whole graph)",
+    )
+    planner_time_limit_s: float | None = _option(
+        None,
+        help="seconds the planner's search may take (default: none; a limit makes plans "
+        "depend on the machine's speed)",
+    )
+    plan_cache: bool = _option(
+        default_factory=lambda: _env_flag(PLAN_CACHE_ENV, True),
+        help=f"bool: replay a plan searched before on this machine (default: True, or "
+        f"${PLAN_CACHE_ENV} != '0')",
+    )
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -123,55 +173,41 @@ class Settings:
     def to_options(self) -> dict[str, Any]:
         """Options that :func:`parse_options` turns back into these settings (less the
         saved-plan keys), for writing into a saved plan."""
-        return {
-            "budgets": dict(self.budgets),
-            "objective": self.objective,
-            "compiler": self.compiler,
-            "devices": list(self.devices) if self.devices is not None else None,
-            "strict": self.strict,
-            "virtual_devices": {
-                name: {
-                    "capacity": spec.capacity_bytes,
-                    "flops": spec.flops_per_s,
-                    "bandwidth": spec.link_bytes_per_s,
-                    "latency": spec.latency_s,
-                }
-                for name, spec in self.virtual_devices.items()
-            },
-            "profile": self.profile,
-            "offload_dir": self.offload_dir,
-            "checkpoint": self.checkpoint,
-            "stream_chunk_bytes": self.stream_chunk_bytes,
-            "io_timeout_s": self.io_timeout_s,
-            "verify": self.verify,
+        options = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in _NOT_SAVED
         }
+        options["budgets"] = dict(self.budgets)
+        options["devices"] = list(self.devices) if self.devices is not None else None
+        options["virtual_devices"] = {
+            name: {
+                "capacity": spec.capacity_bytes,
+                "flops": spec.flops_per_s,
+                "bandwidth": spec.link_bytes_per_s,
+                "latency": spec.latency_s,
+            }
+            for name, spec in self.virtual_devices.items()
+        }
+        return options
 
 
-OPTION_HELP: dict[str, str] = {
-    "budgets": "dict device -> size, e.g. {'virtual:0': '64MiB', 'cpu': '8GiB'}",
-    "objective": "one of " + ", ".join(repr(x) for x in get_args(Objective)),
-    "compiler": "one of " + ", ".join(repr(x) for x in get_args(Compiler)),
-    "devices": f"list of compute devices, each {DEVICE_FORMS}",
-    "strict": "bool: error instead of CPU fallback for nodes that cannot be placed",
-    "virtual_devices": "dict 'virtual:N' -> {" + ", ".join(_VIRTUAL_KEYS) + "}",
-    "plan": "path of a saved plan to reproduce (CompiledModule.save)",
-    "replan": "when a saved plan no longer matches: 'error' (default) or 'auto'",
-    "offload_dir": "directory of the disk tier (default: <cache dir>/offload)",
-    "checkpoint": "safetensors file with the weights of a model built on the meta device",
-    "stream_chunk_bytes": (
-        "size, e.g. '16MiB' (the default): weights read from disk are split into row chunks "
-        "of at most this size; 0 turns it off"
-    ),
-    "io_timeout_s": (
-        "seconds a call waits for one disk read or copy before failing "
-        f"(default {Settings.io_timeout_s:g})"
-    ),
-    "verify": "bool: check the first call segment by segment against eager (a debug mode)",
-    "profile": (
-        "'auto' (measured, cached), 'nominal' (built-in rates) or the path of a profile JSON; "
-        f"default 'auto' or ${PROFILE_ENV}"
-    ),
-}
+# the options a saved plan does not record: where it came from, and what reading it does
+_NOT_SAVED = frozenset({"plan", "replan", "plan_cache"})
+
+OPTION_HELP: dict[str, str] = {f.name: f.metadata["help"] for f in dataclasses.fields(Settings)}
+"""Each option's help text, from the fields of :class:`Settings`."""
+
+SAVED_OPTIONS = frozenset(OPTION_HELP) - _NOT_SAVED
+"""The options :meth:`Settings.to_options` writes into a saved plan."""
+
+
+def _default(name: str) -> Any:
+    """The default of the settings field ``name``."""
+    field = next(f for f in dataclasses.fields(Settings) if f.name == name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def _profile(value: object, where: str) -> str:
@@ -237,6 +273,44 @@ def _virtual_spec(name: str, raw: object, budget: int | None) -> VirtualDeviceSp
     )
 
 
+def _flag(merged: Mapping[str, Any], key: str) -> bool:
+    value = merged.get(key, _default(key))
+    if not isinstance(value, bool):
+        raise OptionsError(f"option {key!r}: expected True or False, got {value!r}")
+    return value
+
+
+def _number(
+    merged: Mapping[str, Any],
+    key: str,
+    what: str,
+    minimum: float,
+    inclusive: bool = True,
+    optional: bool = False,
+) -> Any:
+    """The option ``key`` as a float of at least (or, not ``inclusive``, above) ``minimum``;
+    ``None`` stays ``None`` where ``optional``."""
+    value = merged.get(key, _default(key))
+    if value is None and optional:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (value >= minimum if inclusive else value > minimum) or value != value:
+        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+        raise OptionsError(f"option {key!r}: expected {what} {bound}, got {value!r}")
+    return float(value)
+
+
+def _count(merged: Mapping[str, Any], key: str, minimum: int, optional: bool = False) -> Any:
+    """The option ``key`` as an integer of at least ``minimum``; ``None`` stays ``None``
+    where ``optional``."""
+    value = merged.get(key, _default(key))
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OptionsError(f"option {key!r}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) -> Settings:
     """Turn the user's ``options`` dict (plus keyword overrides) into :class:`Settings`.
 
@@ -285,12 +359,7 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
                     f"(budgets={{{d!r}: '64MiB'}}) or declare it in 'virtual_devices'"
                 )
 
-    strict = merged.get("strict", False)
-    if not isinstance(strict, bool):
-        raise OptionsError(f"option 'strict': expected True or False, got {strict!r}")
-    verify = merged.get("verify", False)
-    if not isinstance(verify, bool):
-        raise OptionsError(f"option 'verify': expected True or False, got {verify!r}")
+    strict, verify, plan_cache = (_flag(merged, key) for key in ("strict", "verify", "plan_cache"))
 
     plan = merged.get("plan")
     if plan is not None and not Path(str(plan)).is_file():
@@ -308,31 +377,42 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
         checkpoint = str(Path(checkpoint).resolve())
 
     stream_chunk_bytes = parse_bytes(
-        merged.get("stream_chunk_bytes", DEFAULT_STREAM_CHUNK_BYTES), "option 'stream_chunk_bytes'"
+        merged.get("stream_chunk_bytes", _default("stream_chunk_bytes")),
+        "option 'stream_chunk_bytes'",
     )
-
-    io_timeout_s = merged.get("io_timeout_s", Settings.io_timeout_s)
-    if (
-        isinstance(io_timeout_s, bool)
-        or not isinstance(io_timeout_s, (int, float))
-        or not io_timeout_s > 0
-    ):
-        raise OptionsError(f"option 'io_timeout_s': expected seconds > 0, got {io_timeout_s!r}")
+    io_timeout_s = _number(merged, "io_timeout_s", "seconds", minimum=0.0, inclusive=False)
+    memory_slack = _number(merged, "memory_slack", "a fraction", minimum=0.0)
+    time_limit = _number(merged, "planner_time_limit_s", "seconds", minimum=0.0, optional=True)
+    read_threads = _count(merged, "read_threads", minimum=1)
+    prefetch_depth = _count(merged, "prefetch_depth", minimum=1)
+    node_limit = _count(merged, "planner_node_limit", minimum=1, optional=True)
 
     return Settings(
-        io_timeout_s=float(io_timeout_s),
+        io_timeout_s=io_timeout_s,
+        memory_slack=memory_slack,
+        planner_time_limit_s=time_limit,
+        read_threads=read_threads,
+        prefetch_depth=prefetch_depth,
+        planner_node_limit=node_limit,
+        plan_cache=plan_cache,
         verify=verify,
         offload_dir=offload_dir,
         checkpoint=checkpoint,
         stream_chunk_bytes=stream_chunk_bytes,
         plan=str(Path(str(plan)).resolve()) if plan is not None else None,
-        replan=cast(Replan, _choice(merged.get("replan", "error"), "replan", get_args(Replan))),
+        replan=cast(
+            Replan, _choice(merged.get("replan", _default("replan")), "replan", get_args(Replan))
+        ),
         budgets=budgets,
         objective=cast(
-            Objective, _choice(merged.get("objective", "latency"), "objective", get_args(Objective))
+            Objective,
+            _choice(
+                merged.get("objective", _default("objective")), "objective", get_args(Objective)
+            ),
         ),
         compiler=cast(
-            Compiler, _choice(merged.get("compiler", "inductor"), "compiler", get_args(Compiler))
+            Compiler,
+            _choice(merged.get("compiler", _default("compiler")), "compiler", COMPILERS),
         ),
         devices=devices,
         strict=strict,

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from ..errors import VerifyMismatch
 from ..io.offload import DiskReader, HostBufferPool
 from ..passes.rewrite import SOURCE_NAME
-from ..weights.homes import released_location
+from ..weights.released import released_location
 from .segments import copy_of
 
 log = logging.getLogger(__name__)

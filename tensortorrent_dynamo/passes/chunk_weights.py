@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..cost_graph import CostGraph, ParamRef, build_cost_graph
-from ..weights.homes import Weight
+from ..weights.disk import Weight
 
 aten = torch.ops.aten
 # what a linear layer becomes in the functional graph: a matmul with the transposed
@@ -70,8 +70,8 @@ class RowChunk:
         return chunk_key(self.parent, self.start, self.stop)
 
 
-# (id(weight), start, stop) -> (weak ref to the weight, its storage when cut, the chunk)
-_chunks: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+# weight -> (start, stop) -> (the weight's storage when cut, the chunk), while it lives
+_chunks: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -79,10 +79,10 @@ def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     keeps its storage: a view of them, or, once the weight was released to disk, an empty
     placeholder of their shape (the runtime reads their bytes from disk)."""
     storage = weight.untyped_storage()
-    key = (id(weight), start, stop)
-    entry = _chunks.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == storage._cdata:
-        return entry[2]
+    cut: dict[tuple[int, int], tuple[int, torch.Tensor]] = _chunks.setdefault(weight, {})  # type: ignore[no-untyped-call]
+    entry = cut.get((start, stop))
+    if entry is not None and entry[0] == storage._cdata:
+        return entry[1]
     if storage.nbytes() == 0:
         chunk = torch.empty(
             (stop - start, *weight.shape[1:]), dtype=weight.dtype, device=weight.device
@@ -90,7 +90,7 @@ def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         chunk.untyped_storage().resize_(0)  # never touched: costs no RAM
     else:
         chunk = weight.detach().narrow(0, start, stop - start)
-    _chunks[key] = (weakref.ref(weight, lambda _: _chunks.pop(key, None)), storage._cdata, chunk)
+    cut[(start, stop)] = (storage._cdata, chunk)
     return chunk
 
 
@@ -135,67 +135,57 @@ class ChunkedGraph:
                 fqns[j] = param_fqns[i]
         return fqns
 
+    def rows(self) -> tuple[tuple[int, int] | None, ...]:
+        """The rows of its weight each parameter of :attr:`cost` stands for (``None`` for
+        a parameter not cut)."""
+        assert self.cost is not None
+        return tuple(
+            (c.start, c.stop) if (c := self.inputs[p.arg_index][1]) is not None else None
+            for p in self.cost.params
+        )
+
     def parent(self, param: ParamRef) -> str:
         """The fqn of the whole parameter ``param`` is (rows of)."""
         chunk = self.inputs[param.arg_index][1]
         return chunk.parent if chunk is not None else param.fqn
 
 
-class WeightChunker:
-    """The chunking pass over one functional graph, as :func:`plan.plan_graph`'s ``split``:
-    given each parameter's home, the cost graph with the large disk-homed weights of
-    linear layers in row chunks, and the homes of its parameters (a chunk's is its
-    weight's). :meth:`graph_for` gives back the graph a plan was made for."""
+def chunk_weights(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    cost: CostGraph,
+    chunk_bytes: int,
+    param_fqns: Mapping[int, str],
+) -> ChunkedGraph | None:
+    """The chunking pass: ``gm`` with every weight that can be split (:func:`splits`) in row
+    chunks of at most ``chunk_bytes``, with its cost graph; ``None`` when none can. The
+    planner plans it instead of ``gm`` when it puts weights on disk (``plan.Split``)."""
+    nodes = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    ranges: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+    for param in cost.params:
+        if splits(param, nodes[param.placeholder], chunk_bytes):
+            rows = row_ranges(param.shape[0], param.nbytes // param.shape[0], chunk_bytes)
+            ranges[param.placeholder] = (param.fqn, rows)
+    if not ranges:
+        return None
+    chunked = split_weights(gm, ranges)
+    # the weights as they are now (views of live ones); not kept: a view would keep the
+    # RAM of a weight released later alive
+    chunked.cost = build_cost_graph(
+        chunked.module, chunked.expand(example_inputs), chunked.fqns(param_fqns)
+    )
+    return chunked
 
-    def __init__(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        cost: CostGraph,
-        chunk_bytes: int,
-        param_fqns: Mapping[int, str],
-    ) -> None:
-        self.gm = gm
-        self.param_fqns = param_fqns
-        self.example_inputs = example_inputs
-        self.cost = cost
-        self.chunk_bytes = chunk_bytes
-        self._graphs: list[ChunkedGraph] = []
 
-    def __call__(self, homes: Sequence[str]) -> tuple[CostGraph, list[str]]:
-        nodes = {n.name: n for n in self.gm.graph.nodes if n.op == "placeholder"}
-        ranges: dict[str, tuple[str, list[tuple[int, int]]]] = {}
-        for param, home in zip(self.cost.params, homes, strict=True):
-            if home == "disk" and self._splits(param, nodes[param.placeholder]):
-                row_bytes = param.nbytes // param.shape[0]
-                rows = row_ranges(param.shape[0], row_bytes, self.chunk_bytes)
-                ranges[param.placeholder] = (param.fqn, rows)
-        if not ranges:
-            return self.cost, list(homes)
-        chunked = split_weights(self.gm, ranges)
-        # the weights as they are now (views of live ones); not kept: a view would keep the
-        # RAM of a weight released later alive
-        cost = build_cost_graph(
-            chunked.module, chunked.expand(self.example_inputs), chunked.fqns(self.param_fqns)
-        )
-        chunked.cost = cost
-        self._graphs.append(chunked)
-        home_of = {p.fqn: h for p, h in zip(self.cost.params, homes, strict=True)}
-        return cost, [home_of[chunked.parent(p)] for p in cost.params]
-
-    def graph_for(self, cost: CostGraph) -> ChunkedGraph | None:
-        """The chunked graph ``cost`` was built from; ``None`` for the graph as traced."""
-        return next((g for g in self._graphs if g.cost is cost), None)
-
-    def _splits(self, param: ParamRef, node: torch.fx.Node) -> bool:
-        """Whether ``param`` is split: a contiguous 2-D tensor of several rows larger than a
-        chunk (its rows are then contiguous, in RAM as on disk), used only as the weight of
-        linear layers."""
-        if param.nbytes <= self.chunk_bytes or len(param.shape) != 2 or param.shape[0] < 2:
-            return False
-        if not node.meta["example_value"].is_contiguous():
-            return False
-        return bool(node.users) and all(_transposed_for_matmuls(user) for user in node.users)
+def splits(param: ParamRef, node: torch.fx.Node, chunk_bytes: int) -> bool:
+    """Whether ``param`` is split: a contiguous 2-D tensor of several rows larger than a
+    chunk (its rows are then contiguous, in RAM as on disk), used only as the weight of
+    linear layers."""
+    if param.nbytes <= chunk_bytes or len(param.shape) != 2 or param.shape[0] < 2:
+        return False
+    if not node.meta["example_value"].is_contiguous():
+        return False
+    return bool(node.users) and all(_transposed_for_matmuls(user) for user in node.users)
 
 
 def _transposed_for_matmuls(user: torch.fx.Node) -> bool:

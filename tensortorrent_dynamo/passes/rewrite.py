@@ -84,7 +84,9 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
         new_args: list[Any] = []
         for arg in call.args:
             assert isinstance(arg, torch.fx.Node)
-            if arg.name in params and (device != "cpu" or plan.on_disk(params[arg.name][0])):
+            if arg.name in params and (
+                device != "cpu" or plan.residency[params[arg.name][0]].on_disk
+            ):
                 new_args.append(
                     _param_on_device(
                         graph,
@@ -114,7 +116,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
                 device_of[user] = device  # getitem on a segment's tuple output
 
     for pid, param in enumerate(cost.params):
-        if plan.is_streamed(pid) and param.placeholder in waited:
+        if plan.residency[pid].streams and param.placeholder in waited:
             last = call_of_segment[plan.native.param_evict_segment[pid]]
             with graph.inserting_after(last):
                 graph.call_function(run.evict, (waited[param.placeholder].args[0],))
@@ -153,7 +155,7 @@ def _param_on_device(
     device: str,
 ) -> torch.fx.Node:
     pid, ref = param
-    if not plan.is_streamed(pid):
+    if not plan.residency[pid].streams:
         key = (arg, device)
         if key not in moved:
             with graph.inserting_before(call):

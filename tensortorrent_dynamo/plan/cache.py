@@ -10,43 +10,36 @@ directory (``$TENSORTORRENT_CACHE_DIR`` or ``~/.cache/tensortorrent``) in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..cost_graph import CostGraph
+from ..io.files import digest, write_json
 from ..profile.cache import cache_dir
-from .files import graph_hash
+from .decisions import Decisions
 
 if TYPE_CHECKING:
     from .. import _planner
 
 log = logging.getLogger(__name__)
 
-PLAN_CACHE_ENV = "TENSORTORRENT_PLAN_CACHE"
-
-
-def enabled() -> bool:
-    return os.environ.get(PLAN_CACHE_ENV, "1") != "0"
-
 
 def key(
     cost: CostGraph,
+    split: CostGraph | None,
+    on_disk: Sequence[str],
     devices: Sequence[_planner.Device],
-    objective: str,
-    host_compute: bool,
+    options: Mapping[str, object],
     planner_version: str,
-    param_home: Sequence[str] = (),
 ) -> str:
     """A hash of every input the planner reads."""
     data = {
-        "graph": graph_hash(cost),
-        "param_home": list(param_home),
+        "graph": cost.digest(),
+        "split": split.digest() if split is not None else None,
+        "on_disk": list(on_disk),
         "devices": [
             [
                 d.name,
@@ -61,57 +54,32 @@ def key(
             ]
             for d in devices
         ],
-        "objective": objective,
-        "host_compute": host_compute,
+        "options": dict(options),
         "planner": planner_version,
     }
-    text = json.dumps(data, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return digest(data, 32)
 
 
 def _path(entry: str) -> Path:
     return cache_dir() / "plans" / f"{entry}.json"
 
 
-def lookup(entry: str) -> dict[str, Any] | None:
+def lookup(entry: str) -> Decisions | None:
     """The cached decisions for ``entry``, or ``None`` (a damaged entry is ignored)."""
     path = _path(entry)
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not {"chosen", "node_device", "param_streamed"} <= set(
-            data
-        ):
-            raise ValueError("missing fields")
-        kinds: dict[str, type] = {"node_device": int, "param_streamed": bool, "value_spilled": bool}
-        if not isinstance(data["chosen"], str) or not all(
-            isinstance(values := data.get(k, []), list)
-            and all(type(v) is t and isinstance(v, int) and 0 <= v < 2**31 for v in values)
-            for k, t in kinds.items()
-        ):
-            raise ValueError("a field has the wrong type")
+        return Decisions.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:
         log.warning("ignoring the damaged plan cache entry %s: %s", path, exc)
         return None
-    return data
 
 
-def store(entry: str, plan: _planner.Plan) -> None:
-    """Remember the decisions of ``plan``; a cache that cannot be written is skipped."""
+def store(entry: str, decisions: Decisions) -> None:
+    """Remember ``decisions``; a cache that cannot be written is skipped."""
     path = _path(entry)
-    data = {
-        "chosen": plan.chosen,
-        "node_device": list(plan.node_device),
-        "param_streamed": list(plan.param_streamed),
-        "value_spilled": list(plan.value_spilled),
-        "plan_hash": plan.plan_hash,
-    }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a name of its own: two processes storing one entry must not share a temp file
-        temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-        temp.write_text(json.dumps(data))
-        temp.replace(path)
+        write_json(path, decisions.to_json())
     except OSError as exc:
         log.info("plan cache not written (%s): %s", path, exc)

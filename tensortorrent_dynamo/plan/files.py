@@ -1,12 +1,12 @@
 """Plans as files: what a saved plan holds, and the check that it still applies.
 
-A saved plan records, per graph, the graph's hash (of its cost graph), the plan
-hash, the decisions (placement, residency, the prefetch/evict schedule), the
-prediction; and, once, the format version, the
-torch and TensorTorrent versions, the hardware fingerprint, a hash of the
-profile's figures and the settings. The planner is deterministic, so reloading
-reproduces a plan by planning again with the saved settings and checking that
-the same plan hash comes out; anything that changed is named. The text of
+A saved plan records, per graph, the graph's hash (of its cost graph as traced), the
+plan hash, the planner's decisions (``decisions.Decisions``, the form the plan cache
+stores too), a readable copy of them (placement, residency, the prefetch/evict
+schedule) and the prediction; and, once, the format version, the torch and
+TensorTorrent versions, the hardware fingerprint, a hash of the profile's figures
+and the settings. Reloading replays the decisions, without searching, and checks
+that the same plan hash comes out; anything that changed is named. The text of
 ``explain()`` is kept as it read when saved, so ``tensortorrent explain
 plan.json`` prints it without the model.
 """
@@ -14,7 +14,6 @@ plan.json`` prints it without the model.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -25,25 +24,20 @@ import torch
 
 from ..cost_graph import CostGraph
 from ..errors import PlanFormatError, StalePlanError
+from ..io.files import digest, write_json
 from ..profile import HostProfile
 from ..profile.detect import current_fingerprint
 from ..profile.schema import Fingerprint
-from ..settings import OPTION_HELP
+from ..settings import SAVED_OPTIONS
+from .decisions import Decisions
 
 if TYPE_CHECKING:
-    from ..backend import CompiledGraph
+    from .planner import GraphPlan
 
 PLAN_FORMAT = "tensortorrent-plan"
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
 
 _T = TypeVar("_T")
-
-
-def graph_hash(cost: CostGraph) -> str:
-    """A hash of what the planner sees of a graph (not of the torch version that traced it)."""
-    data = cost.to_json()
-    data.pop("torch_version")
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def profile_hash(profile: HostProfile) -> str:
@@ -51,30 +45,30 @@ def profile_hash(profile: HostProfile) -> str:
     figures = [dataclasses.asdict(d) for d in profile.devices]
     for figure in figures:
         figure.pop("memory_bytes", None)  # free RAM moves from run to run; budgets are saved
-    text = json.dumps(figures, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(figures)
 
 
-def graph_record(graph: CompiledGraph) -> dict[str, Any]:
-    """Everything saved about one compiled graph."""
-    plan = graph.plan
+def graph_record(plan: GraphPlan) -> dict[str, Any]:
+    """Everything saved about one graph's plan."""
     cost = plan.cost
     native = plan.native
     return {
-        "graph_hash": graph_hash(cost),
+        "graph_hash": plan.traced.digest(),
         "plan_hash": plan.plan_hash,
+        "decisions": Decisions.of(native, plan.split).to_json(),
         "chosen": native.chosen,
         "predicted_time_s": plan.predicted_time_s,
         "devices": [{"name": d.name, "budget_bytes": d.budget_bytes} for d in plan.devices],
         "placement": {n.name: plan.node_device(i) for i, n in enumerate(cost.nodes)},
         "residency": {
             p.fqn: {
-                "device": plan.param_device(i),
-                "streamed": plan.is_streamed(i),
+                "device": r.device,
+                "streamed": r.streams,
+                "tier": r.tier.value,
                 "prefetch_segment": native.param_prefetch_segment[i],
                 "evict_segment": native.param_evict_segment[i],
             }
-            for i, p in enumerate(cost.params)
+            for i, (p, r) in enumerate(zip(cost.params, plan.residency, strict=True))
         },
         "segments": [plan.segment_device(s) for s in range(len(native.segment_device))],
         "spilled": {
@@ -101,16 +95,17 @@ class SavedPlan:
     explain: str
 
     def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
-        wanted = graph_hash(cost)
+        wanted = cost.digest()
         return next((g for g in self.graphs if g["graph_hash"] == wanted), None)
 
-    def check(self, cost: CostGraph, profile: HostProfile) -> dict[str, Any]:
-        """The saved record of this graph; raises :class:`StalePlanError` saying what changed."""
+    def check(self, cost: CostGraph, profile: HostProfile) -> Decisions:
+        """The saved decisions for this graph; raises :class:`StalePlanError` saying what
+        changed."""
         record = self.record_for(cost)
         if record is None:
             known = ", ".join(g["graph_hash"] for g in self.graphs)
             raise StalePlanError(
-                f"{self.path} has no plan for this graph (hash {graph_hash(cost)}; the file has "
+                f"{self.path} has no plan for this graph (hash {cost.digest()}; the file has "
                 f"{known}): the model or its inputs changed since the plan was saved"
             )
         hardware = current_fingerprint().to_dict()
@@ -124,29 +119,31 @@ class SavedPlan:
                 f"{self.path} was planned with other device rates (profile "
                 f"{self.profile_hash}, now {profile_hash(profile)}): re-measured or edited"
             )
-        return record
+        return Decisions.from_json(record["decisions"])
 
 
-def save(path: str | os.PathLike[str], graphs: Sequence[CompiledGraph], explain: str) -> None:
-    """Write the plans of ``graphs`` to ``path`` (atomically: a temp file, then a rename)."""
-    if not graphs:
+def save(
+    path: str | os.PathLike[str],
+    plans: Sequence[GraphPlan],
+    profile: HostProfile,
+    options: Mapping[str, Any],
+    explain: str,
+) -> None:
+    """Write ``plans`` (made with ``profile`` and ``options``) to ``path``, atomically."""
+    if not plans:
         raise PlanFormatError("nothing to save: no graph has been compiled yet")
-    first = graphs[0]
     data = {
         "format": PLAN_FORMAT,
         "format_version": PLAN_FORMAT_VERSION,
         "torch_version": torch.__version__,
         "tensortorrent_version": _version(),
         "hardware": current_fingerprint().to_dict(),
-        "profile_hash": profile_hash(first.profile),
-        "options": first.settings.to_options(),
+        "profile_hash": profile_hash(profile),
+        "options": dict(options),
         "explain": explain,
-        "graphs": [graph_record(g) for g in graphs],
+        "graphs": [graph_record(p) for p in plans],
     }
-    target = Path(path)
-    temp = target.with_name(target.name + ".tmp")
-    temp.write_text(json.dumps(data, indent=1))
-    temp.replace(target)
+    write_json(path, data, indent=1)
 
 
 def load(path: str | os.PathLike[str]) -> SavedPlan:
@@ -183,8 +180,7 @@ def load(path: str | os.PathLike[str]) -> SavedPlan:
 def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
     """The plan in ``data``, every field a later check reads checked for its type."""
     options = _field(data, "options", dict)
-    saveable = set(OPTION_HELP) - {"plan", "replan"}  # what Settings.to_options writes
-    unknown = sorted(set(options) - saveable)
+    unknown = sorted(set(options) - SAVED_OPTIONS)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}")
     hardware = _field(data, "hardware", dict)
@@ -195,6 +191,7 @@ def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
             raise TypeError(f"graphs[{i}] is {type(record).__name__}, not an object")
         for key in ("graph_hash", "plan_hash"):
             _field(record, key, str, f"graphs[{i}].")
+        Decisions.from_json(_field(record, "decisions", dict, f"graphs[{i}]."))
     return SavedPlan(
         path=path,
         options=dict(options),

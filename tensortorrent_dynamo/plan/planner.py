@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import psutil
@@ -21,6 +22,8 @@ from ..errors import InvalidPlacement, PlanInfeasible
 from ..profile import DeviceProfile, HostProfile
 from ..settings import Settings
 from . import cache as plan_cache
+from .decisions import Decisions
+from .residency import Residency, residencies
 
 if TYPE_CHECKING:
     from .. import _planner
@@ -41,16 +44,31 @@ class PlannedDevice:
 
 
 @dataclasses.dataclass(frozen=True)
+class Split:
+    """The graph with large weights cut into row chunks (``passes.chunk_weights``): what the
+    planner plans instead when weights must live on disk. ``rows[i]`` are the rows of its
+    weight that parameter ``i`` of ``cost`` stands for (``None`` for one not cut)."""
+
+    cost: CostGraph
+    rows: tuple[tuple[int, int] | None, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphPlan:
     """The planner's answer for one graph, with names instead of indices."""
 
     graph_index: int
+    # the graph planned: the traced one, or its ``Split`` when the plan chose that
     cost: CostGraph
     devices: tuple[PlannedDevice, ...]
     native: _planner.Plan
     objective: str
-    # each parameter's tier between runs: "host" (RAM) or "disk"
-    param_home: tuple[str, ...] = ()
+    # where each parameter of ``cost`` lives (built once from ``native``)
+    residency: tuple[Residency, ...]
+    # the graph as traced (``cost`` unless the plan chose the split graph)
+    traced: CostGraph
+    # whether the plan is for the graph with large weights cut into row chunks
+    split: bool = False
 
     @property
     def plan_hash(self) -> str:
@@ -72,28 +90,17 @@ class GraphPlan:
     def segment_device(self, segment: int) -> str:
         return self.devices[self.native.segment_device[segment]].name
 
-    def param_device(self, param_id: int) -> str:
-        return self.devices[self.native.param_device[param_id]].name
-
-    def is_streamed(self, param_id: int) -> bool:
-        return self.native.param_streamed[param_id]
-
     def spilled_nodes(self) -> list[int]:
         """The nodes whose values go to host memory between their producing segment and
         their next use (copied back when ``native.value_reload_segment`` starts)."""
         return [i for i, spilled in enumerate(self.native.value_spilled) if spilled]
 
-    def on_disk(self, param_id: int) -> bool:
-        """Whether the parameter's home is disk (read from there, kept in RAM only
-        when the plan keeps it resident)."""
-        return bool(self.param_home) and self.param_home[param_id] == "disk"
-
     def param_placement(self) -> dict[str, str]:
         """Where each parameter lives during a run, Accelerate's way: its device when
         resident there, ``"cpu"`` when it stays in host RAM (used there or streamed)."""
         return {
-            p.fqn: "cpu" if self.is_streamed(i) else self.param_device(i)
-            for i, p in enumerate(self.cost.params)
+            p.fqn: "cpu" if r.streams else r.device
+            for p, r in zip(self.cost.params, self.residency, strict=True)
         }
 
     def predicted_peak(self, device: str) -> int:
@@ -134,11 +141,6 @@ def planned_devices(
     return tuple(devices), host_compute
 
 
-# Given each parameter's home, with some on disk: the cost graph to plan instead and the
-# homes of its parameters (``chunking.WeightChunker`` splits large weights into row chunks).
-SplitWeights = Callable[[Sequence[str]], tuple[CostGraph, list[str]]]
-
-
 def plan_graph(
     graph_index: int,
     cost: CostGraph,
@@ -146,55 +148,20 @@ def plan_graph(
     settings: Settings,
     already_resident: Mapping[str, int],
     on_disk: frozenset[str] = frozenset(),
-    split: SplitWeights | None = None,
+    split: Split | None = None,
+    decisions: Decisions | None = None,
 ) -> GraphPlan:
     """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
 
-    Parameters named in ``on_disk`` (by fqn) live on disk already. The others live in
-    host RAM, unless the host budget cannot hold them: then every parameter's home is
-    disk, and the planner picks which ones the host keeps in RAM and which it reads
-    from disk on each run. Whenever some home is disk, ``split`` (when given) names the
-    graph to plan instead: the plan's ``cost`` is then that graph.
+    Parameters named in ``on_disk`` (by fqn, or a row chunk's parent fqn) live on disk
+    already. The native planner decides every other parameter's tier: host RAM, or disk
+    when the host budget cannot hold the weights in RAM (then it plans ``split`` instead,
+    when given). With ``decisions`` (a saved plan's), those are replayed instead of
+    searching; otherwise the plan cache's are, when it has this graph's.
     """
-
-    def with_homes(homes: list[str]) -> GraphPlan:
-        graph = cost
-        if split is not None and "disk" in homes:
-            graph, homes = split(homes)
-        return _plan_with_homes(graph_index, graph, profile, settings, already_resident, homes)
-
-    homes = ["disk" if p.fqn in on_disk else "host" for p in cost.params]
-    try:
-        return with_homes(homes)
-    except PlanInfeasible as exc:
-        left = _host_budget(profile, settings) - already_resident.get("cpu", 0)
-        host_short = exc.min_budgets.get("cpu", 0) > left
-        if "host" not in homes or not host_short:
-            raise
-        log.info(
-            "graph %d: the host budget cannot hold its weights in RAM (%s); planning with "
-            "the weights on disk",
-            graph_index,
-            exc,
-        )
-    return with_homes(["disk"] * len(cost.params))
-
-
-def _host_budget(profile: HostProfile, settings: Settings) -> int:
-    host = next(d for d in profile.devices if d.is_host)
-    return settings.budgets.get(host.name, _default_budget(host))
-
-
-def _plan_with_homes(
-    graph_index: int,
-    cost: CostGraph,
-    profile: HostProfile,
-    settings: Settings,
-    already_resident: Mapping[str, int],
-    homes: list[str],
-) -> GraphPlan:
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
+    has_params = bool(cost.params)
     native_devices = [
         planner.Device(
             name=d.name,
@@ -207,10 +174,10 @@ def _plan_with_homes(
             latency_s=d.profile.latency_s,
             # an unmeasured bandwidth is infinite: memory traffic is then not modelled
             mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
-            # only the host reads from disk, and only when some parameter lives there
+            # only the host reads from disk
             disk_bytes_per_s=(
                 profile.planned_disk_read_bytes_per_s
-                if d.profile.is_host and "disk" in homes
+                if d.profile.is_host and has_params
                 else math.inf
             ),
         )
@@ -224,38 +191,53 @@ def _plan_with_homes(
         [(d.name, d.budget_bytes) for d in devices],
         host_compute,
     )
-    native_graph = cost.to_native(homes)
-    native = None
+
+    def native_graph(graph: CostGraph) -> _planner.CostGraph:
+        homes = [_home(p.fqn, on_disk) for p in graph.params]
+        return graph.to_native(homes, disk_allowed=[True] * len(graph.params))
+
+    whole = native_graph(cost)
+    chunked = native_graph(split.cost) if split is not None else None
+    chose_split = False
     entry = ""
-    if plan_cache.enabled():
+    source = "the saved plan"
+    if decisions is None and settings.plan_cache:
         entry = plan_cache.key(
-            cost, native_devices, settings.objective, host_compute, planner.version(), homes
+            cost,
+            split.cost if split is not None else None,
+            sorted(on_disk),
+            native_devices,
+            {
+                **_search_options(settings, host_compute),
+                "node_limit": settings.planner_node_limit,
+                "time_limit_s": settings.planner_time_limit_s,
+            },
+            planner.version(),
         )
-        cached = plan_cache.lookup(entry)
-        if cached is not None:
-            try:
-                native = planner.replay(
-                    native_graph,
-                    native_devices,
-                    settings.objective,
-                    host_compute,
-                    cached["chosen"],
-                    cached["node_device"],
-                    cached["param_streamed"],
-                    value_spilled=cached.get("value_spilled", []),
-                )
-            except (InvalidPlacement, PlanInfeasible) as exc:
-                log.warning("plan cache entry %s does not replay (%s): searching", entry, exc)
-            else:
-                log.info(
-                    "graph %d: plan %s taken from the plan cache, search skipped",
-                    graph_index,
-                    native.plan_hash,
-                )
+        decisions, source = plan_cache.lookup(entry), "the plan cache"
+    native = None
+    if decisions is not None:
+        native = _replay(planner, cost, split, native_devices, settings, host_compute, decisions)
+        if native is not None:
+            chose_split = decisions.split
+            log.info(
+                "graph %d: plan %s taken from %s, search skipped",
+                graph_index,
+                native.plan_hash,
+                source,
+            )
     if native is None:
-        native = planner.plan(native_graph, native_devices, settings.objective, host_compute)
+        native = planner.plan(
+            whole,
+            native_devices,
+            split=chunked,
+            node_limit=settings.planner_node_limit,
+            time_limit_s=settings.planner_time_limit_s,
+            **_search_options(settings, host_compute),
+        )
+        chose_split = native.split
         if entry:
-            plan_cache.store(entry, native)
+            plan_cache.store(entry, Decisions.of(native, native.split))
     for cand in native.candidates:
         log.debug(
             "  candidate %-28s family=%s feasible=%s predicted=%.6fs peaks=%s",
@@ -272,11 +254,83 @@ def _plan_with_homes(
         native.predicted_time_s / native.lower_bound_s if native.lower_bound_s else 1.0,
         native.report,
     )
+    if chose_split:
+        log.info(
+            "graph %d: the host budget cannot hold its weights in RAM; planned with the "
+            "weights on disk",
+            graph_index,
+        )
+    planned = split.cost if chose_split and split is not None else cost
+    rows = split.rows if chose_split and split is not None else None
     return GraphPlan(
         graph_index=graph_index,
-        cost=cost,
+        cost=planned,
         devices=devices,
         native=native,
         objective=settings.objective,
-        param_home=tuple(homes),
+        residency=residencies(
+            [d.name for d in devices],
+            native.param_device,
+            native.param_streamed,
+            native.param_home,
+            rows,
+        ),
+        traced=cost,
+        split=chose_split,
     )
+
+
+def _search_options(settings: Settings, host_compute: bool) -> dict[str, object]:
+    """The options of the native search that shape its plan (and are in its hash)."""
+    return {
+        "objective": settings.objective,
+        "host_compute": host_compute,
+        "prefetch_depth": settings.prefetch_depth,
+        "memory_slack": settings.memory_slack,
+    }
+
+
+def _home(fqn: str, on_disk: frozenset[str]) -> str:
+    """A parameter's tier as it is now: disk for a weight released to disk (or a row chunk
+    of one, ``fqn[r0:r1]``), else host RAM."""
+    return "disk" if fqn in on_disk or fqn.split("[", 1)[0] in on_disk else "host"
+
+
+def _replay(
+    planner: types.ModuleType,
+    cost: CostGraph,
+    split: Split | None,
+    devices: list[_planner.Device],
+    settings: Settings,
+    host_compute: bool,
+    decisions: Decisions,
+) -> _planner.Plan | None:
+    """The plan ``decisions`` make, rebuilt without searching; ``None`` (with a warning)
+    when they no longer apply or give another plan."""
+    graph = split.cost if decisions.split and split is not None else cost
+    if decisions.split and split is None:
+        log.warning("recorded decisions are for a split graph this one does not have: searching")
+        return None
+    try:
+        native = planner.replay(
+            graph.to_native(list(decisions.param_home)),
+            devices,
+            name=decisions.chosen,
+            node_device=list(decisions.node_device),
+            param_streamed=list(decisions.param_streamed),
+            value_spilled=list(decisions.value_spilled),
+            prefetch_window_bytes=decisions.prefetch_window_bytes,
+            trial_depth=decisions.prefetch_depth,
+            **_search_options(settings, host_compute),
+        )
+    except (InvalidPlacement, PlanInfeasible) as exc:
+        log.warning("recorded decisions do not replay (%s): searching", exc)
+        return None
+    if native.plan_hash != decisions.plan_hash:
+        log.warning(
+            "recorded decisions replay to plan %s, not %s: searching",
+            native.plan_hash,
+            decisions.plan_hash,
+        )
+        return None
+    return native

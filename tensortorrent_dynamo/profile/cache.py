@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..io.files import write_text
 from .schema import Fingerprint, Measurements
 
 CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
@@ -93,15 +94,7 @@ def save(measurements: Measurements) -> Path:
     The file is replaced atomically, so a reader never sees half of it. Raises ``OSError``.
     """
     path = profile_path(measurements.fingerprint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(measurements.to_json())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, measurements.to_json())
     return path
 
 

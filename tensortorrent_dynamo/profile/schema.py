@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import sys
 from collections.abc import Mapping
 from typing import Any, Literal, cast, get_args
+
+from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
@@ -121,8 +122,7 @@ class Fingerprint:
 
     def digest(self) -> str:
         """A short stable hash, used in the cache file name."""
-        text = json.dumps(self.to_dict(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return digest(self.to_dict())
 
     def differences(self, other: Fingerprint) -> list[str]:
         """``"field: theirs -> ours"`` for each field where ``other`` differs from this one."""

@@ -9,7 +9,7 @@ from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
 
 if TYPE_CHECKING:
-    from ..backend import CompiledGraph
+    from ..session import CompiledGraph
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -82,11 +82,11 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     """What the graph reads from disk: planned bytes and time, and the last call's."""
     plan = graph.plan
     params = plan.cost.params
-    on_disk = [i for i in range(len(params)) if plan.on_disk(i)]
+    on_disk = [i for i, r in enumerate(plan.residency) if r.on_disk]
     if not on_disk:
         return []
-    read = [i for i in on_disk if plan.is_streamed(i)]
-    kept = [i for i in on_disk if not plan.is_streamed(i)]
+    read = [i for i in on_disk if plan.residency[i].streams]
+    kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
     rate = graph.profile.planned_disk_read_bytes_per_s
     lines = [
@@ -178,8 +178,8 @@ def explain_graph(graph: CompiledGraph) -> str:
         nodes = [n for n in seg_nodes.get(seg, []) if not cost.nodes[n].is_graph_input]
         members = set(nodes)
         used = {p for p, ref in enumerate(cost.params) if set(ref.users) & members}
-        resident = sum(cost.params[p].nbytes for p in used if not plan.is_streamed(p))
-        streamed = sum(cost.params[p].nbytes for p in used if plan.is_streamed(p))
+        resident = sum(cost.params[p].nbytes for p in used if not plan.residency[p].streams)
+        streamed = sum(cost.params[p].nbytes for p in used if plan.residency[p].streams)
         moved_in = {
             i
             for n in nodes
@@ -213,7 +213,7 @@ def explain_graph(graph: CompiledGraph) -> str:
     lines += _table(header, rows)
     if graph.compiler_note:
         lines.append(f"  compiler: {graph.compiler_note}")
-    streamed_names = [p.fqn for i, p in enumerate(cost.params) if plan.is_streamed(i)]
+    streamed_names = [p.fqn for p, r in zip(cost.params, plan.residency, strict=True) if r.streams]
     if streamed_names:
         shown = ", ".join(streamed_names[:8]) + (", ..." if len(streamed_names) > 8 else "")
         if native.prefetch_window_bytes:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..backend import CompiledGraph
+    from ..session import CompiledGraph
 
 SIMULATED_PID = 1
 MEASURED_PID = 2

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
-from tensortorrent_dynamo.weights.homes import released_location
+from tensortorrent_dynamo.weights.released import released_location
 from tests.models import mlp, param_bytes
 
 FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
@@ -37,11 +37,11 @@ def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None
     budget = _host_budget(model)
     compiled = _compile(model, x, tmp_path, budgets={"cpu": budget})
     plan = compiled.graphs[0].plan
-    assert all(home == "disk" for home in plan.param_home)
+    assert all(r.on_disk for r in plan.residency)
     assert plan.native.chosen == "all-on-cpu/knapsack"
     assert plan.predicted_peak("cpu") <= budget
-    streamed = [i for i in range(len(plan.cost.params)) if plan.is_streamed(i)]
-    kept = [i for i in range(len(plan.cost.params)) if not plan.is_streamed(i)]
+    streamed = [i for i in range(len(plan.cost.params)) if plan.residency[i].streams]
+    kept = [i for i in range(len(plan.cost.params)) if not plan.residency[i].streams]
     assert streamed and kept, "half the weights fit: some stay in RAM, the others stream"
 
     # the streamed weights left RAM; the model's tensors are empty placeholders now
@@ -76,7 +76,7 @@ def test_disk_feeds_a_virtual_accelerator(tmp_path: Path) -> None:
         devices=["virtual:0"],
     )
     plan = compiled.graphs[0].plan
-    assert "disk" in plan.param_home
+    assert any(r.on_disk for r in plan.residency)
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(compiled(x), expected)
@@ -214,7 +214,7 @@ def test_recompiled_graphs_share_the_weights_they_keep_in_ram(tmp_path: Path) ->
     runtime = compiled.graphs[0].runtime
     assert all(g.runtime.resident is runtime.resident for g in compiled.graphs)
     kept = [
-        {p.fqn for i, p in enumerate(g.plan.cost.params) if not g.plan.is_streamed(i)}
+        {p.fqn for i, p in enumerate(g.plan.cost.params) if not g.plan.residency[i].streams}
         for g in compiled.graphs
     ]
     assert all(kept)
@@ -285,7 +285,7 @@ def test_large_weights_stream_in_row_chunks_and_read_less(tmp_path: Path) -> Non
     assert plan.predicted_peak("cpu") <= budget
     names = [p.fqn for p in plan.cost.params]
     assert "0.weight[0:64]" in names and "0.weight" not in names and "0.bias" in names
-    streamed = [i for i in range(len(names)) if plan.is_streamed(i)]
+    streamed = [i for i in range(len(names)) if plan.residency[i].streams]
     assert read[CHUNK] == sum(plan.cost.params[i].nbytes for i in streamed)
     # a weight with a chunk read from disk was written whole and left RAM
     params = dict(model.named_parameters())
@@ -380,10 +380,13 @@ def test_a_model_of_several_graphs_fits_the_host_budget_as_a_whole(tmp_path: Pat
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), expected)
     # the first graph keeps its weights in RAM; the others plan with what it leaves
-    assert "disk" not in graphs[0].plan.param_home
-    assert all("disk" in g.plan.param_home for g in graphs[1:])
+    assert not any(r.on_disk for r in graphs[0].plan.residency)
+    assert all(any(r.on_disk for r in g.plan.residency) for g in graphs[1:])
     in_ram = sum(
-        p.nbytes for g in graphs for i, p in enumerate(g.plan.cost.params) if not g.plan.on_disk(i)
+        p.nbytes
+        for g in graphs
+        for i, p in enumerate(g.plan.cost.params)
+        if not g.plan.residency[i].on_disk
     )
     held = in_ram + graphs[0].runtime.resident_bytes("cpu")
     assert held <= budget, f"{held} bytes held in RAM over a {budget} budget"

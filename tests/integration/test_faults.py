@@ -65,7 +65,7 @@ def _streamed_location(compiled: Any) -> TensorLocation:
     keys = [
         p.fqn
         for i, p in enumerate(plan.cost.params)
-        if plan.on_disk(i) and plan.is_streamed(i) and p.fqn in disk.locations
+        if plan.residency[i].on_disk and plan.residency[i].streams and p.fqn in disk.locations
     ]
     assert keys, "some weight streams from disk"
     return max((disk.locations[k] for k in keys), key=lambda loc: loc.nbytes)
@@ -319,7 +319,7 @@ def _on_virtual(tmp_path: Path) -> tuple[Any, torch.nn.Module, int]:
         devices=["virtual:0"],
     )
     plan = _graph(compiled).plan
-    assert any(plan.is_streamed(i) for i in range(len(plan.cost.params)))
+    assert any(plan.residency[i].streams for i in range(len(plan.cost.params)))
     return compiled, model, budget
 
 

@@ -165,7 +165,7 @@ def test_device_map_in_accelerate_form() -> None:
     (graph,) = compiled.graphs
     for pid, param in enumerate(graph.plan.cost.params):
         module = param.fqn.rpartition(".")[0]
-        if graph.plan.is_streamed(pid):
+        if graph.plan.residency[pid].streams:
             assert device_map[module] == "cpu"
     assert set(device_map.values()) <= {"cpu", "virtual:0"}
 

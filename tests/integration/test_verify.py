@@ -54,7 +54,7 @@ def test_a_right_plan_verifies_and_returns_the_answer() -> None:
     (graph,) = compiled.graphs
     assert graph.reference is None, "only the first call is checked"
     plan = graph.plan
-    assert any(plan.is_streamed(i) for i in range(len(plan.cost.params)))
+    assert any(plan.residency[i].streams for i in range(len(plan.cost.params)))
 
 
 def test_a_wrong_segment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

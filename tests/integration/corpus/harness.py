@@ -99,7 +99,9 @@ class PlanSummary:
 
 def summarize(graphs: list[Any]) -> PlanSummary:
     params = sum(len(g.plan.cost.params) for g in graphs)
-    streamed = sum(g.plan.is_streamed(i) for g in graphs for i in range(len(g.plan.cost.params)))
+    streamed = sum(
+        g.plan.residency[i].streams for g in graphs for i in range(len(g.plan.cost.params))
+    )
     on_device = any(d == DEVICE for g in graphs for _, d in g.compilers_by_device())
     return PlanSummary(len(graphs), params, streamed, on_device)
 

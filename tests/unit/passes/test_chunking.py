@@ -14,8 +14,7 @@ from torch import nn
 from tensortorrent_dynamo.cost_graph import build_cost_graph
 from tensortorrent_dynamo.functional import GraphInputs, capture
 from tensortorrent_dynamo.io.offload import DiskReader, HostBufferPool, write_safetensors
-from tensortorrent_dynamo.passes.chunk_weights import WeightChunker, chunk_key, row_ranges, rows_of
-from tests.models import mlp
+from tensortorrent_dynamo.passes.chunk_weights import chunk_key, chunk_weights, row_ranges, rows_of
 
 
 def _captured(model: Callable[..., Any], *args: torch.Tensor) -> tuple[Any, GraphInputs]:
@@ -46,15 +45,9 @@ def test_linear_weights_on_disk_are_split_and_compute_the_same(bias: bool) -> No
     gm, inputs = _captured(model, x)
     cost = build_cost_graph(gm, inputs.values, inputs.params)
     chunk_bytes = 32 * 4 * 16  # 16 rows of the first weight; the second (1.5 KiB) is smaller
-    chunker = WeightChunker(gm, inputs.values, cost, chunk_bytes, inputs.params)
-
-    # nothing on disk: nothing is split
-    same, homes = chunker(["host"] * len(cost.params))
-    assert same is cost and chunker.graph_for(cost) is None
-
-    chunked_cost, homes = chunker(["disk"] * len(cost.params))
-    chunked = chunker.graph_for(chunked_cost)
-    assert chunked is not None and homes == ["disk"] * len(chunked_cost.params)
+    chunked = chunk_weights(gm, inputs.values, cost, chunk_bytes, inputs.params)
+    assert chunked is not None and chunked.cost is not None
+    chunked_cost = chunked.cost
     names = [p.fqn for p in chunked_cost.params]
     assert [n for n in names if "[" in n] == [chunk_key("0.weight", a, a + 16) for a in (0, 16, 32)]
     assert "2.weight" in names  # not larger than a chunk: kept whole
@@ -71,6 +64,9 @@ def test_linear_weights_on_disk_are_split_and_compute_the_same(bias: bool) -> No
     weights = chunked.weights(chunked_cost, inputs.values)
     first = next(w for w, p in zip(weights, chunked_cost.params, strict=True) if "[" in p.fqn)
     assert first.fqn == "0.weight" and first.rows == (0, 16) and first.tensor is model[0].weight
+    # the rows each parameter stands for, as the plan's residencies name them
+    rows = dict(zip(names, chunked.rows(), strict=True))
+    assert rows[chunk_key("0.weight", 16, 32)] == (16, 32) and rows["2.weight"] is None
 
 
 def test_a_weight_used_other_than_by_linear_layers_stays_whole() -> None:
@@ -85,10 +81,7 @@ def test_a_weight_used_other_than_by_linear_layers_stays_whole() -> None:
     model = Tied()
     gm, inputs = _captured(model, torch.randn(3, 32))
     cost = build_cost_graph(gm, inputs.values, inputs.params)
-    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 256, inputs.params)(
-        ["disk"] * len(cost.params)
-    )
-    assert chunked_cost is cost
+    assert chunk_weights(gm, inputs.values, cost, 256, inputs.params) is None
 
 
 def test_a_transposed_weight_stays_whole() -> None:
@@ -96,22 +89,7 @@ def test_a_transposed_weight_stays_whole() -> None:
     model.weight.data = model.weight.data.t().contiguous().t()  # the same values, column-major
     gm, inputs = _captured(model, torch.randn(2, 64))
     cost = build_cost_graph(gm, inputs.values, inputs.params)
-    chunked_cost, _ = WeightChunker(gm, inputs.values, cost, 4096, inputs.params)(
-        ["disk"] * len(cost.params)
-    )
-    assert chunked_cost is cost
-
-
-def test_only_the_weights_whose_home_is_disk_are_split() -> None:
-    model = mlp(64, 2)
-    gm, inputs = _captured(model, torch.randn(2, 64))
-    cost = build_cost_graph(gm, inputs.values, inputs.params)
-    homes = ["disk" if p.fqn == "2.weight" else "host" for p in cost.params]
-    chunked_cost, new_homes = WeightChunker(gm, inputs.values, cost, 4096, inputs.params)(homes)
-    split = {p.fqn: h for p, h in zip(chunked_cost.params, new_homes, strict=True)}
-    assert "0.weight" in split and split["0.weight"] == "host"
-    chunks = [k for k in split if k.startswith("2.weight[")]
-    assert len(chunks) == 4 and all(split[k] == "disk" for k in chunks)
+    assert chunk_weights(gm, inputs.values, cost, 4096, inputs.params) is None
 
 
 def test_a_chunk_is_the_same_tensor_until_its_weight_is_released() -> None:

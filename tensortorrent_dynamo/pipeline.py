@@ -1,0 +1,214 @@
+"""The stages one functional graph goes through, in order: cost graph → chunked
+alternative → plan → weights → rewrite → resident copies → compile.
+
+:func:`plan_and_compile` is the whole pipeline; each stage is a call into its package
+(``cost_graph``, ``passes``, ``plan``, ``weights``, ``run``, ``compiling``, ``report``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ._logs import PLAN_ARTIFACT
+from .compiling.segments import compile_segments, keep_faster
+from .cost_graph import CostGraph, build_cost_graph
+from .errors import PlanInfeasible, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
+from .functional import GraphInputs
+from .passes.chunk_weights import ChunkedGraph, chunk_weights
+from .passes.rewrite import rewrite
+from .plan.decisions import Decisions
+from .plan.planner import GraphPlan, Split, plan_graph
+from .profile import HostProfile, host_profile
+from .run.runtime import Runtime
+from .session import CompiledGraph, Session, make_resident, share_resident, shared_names
+from .weights.disk import place_on_disk, whole_weights
+from .weights.pinning import pin_streamed_weights
+from .weights.released import released_location
+
+log = logging.getLogger(__name__)
+plan_log = torch._logging._internal.getArtifactLogger(__name__, PLAN_ARTIFACT)
+
+
+def plan_and_compile(
+    session: Session,
+    gm: torch.fx.GraphModule,
+    graph_inputs: GraphInputs,
+    frame: int | None,
+    sizes: Mapping[str, int] | None = None,
+) -> CompiledGraph:
+    """Plan, rewrite and compile one functional graph of ``session`` (captured from Dynamo
+    frame ``frame``; with ``sizes``, costed at those values of its symbolic sizes)."""
+    settings = session.settings
+    example_inputs = graph_inputs.values
+    profile = host_profile(settings)
+    cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes)
+    source = (hashlib.sha256(gm.code.encode()).hexdigest(), cost.digest())
+    if source in session.by_source:
+        # A recompile (a guard failed) that produced the same graph with the same
+        # costs: its plan's assumptions still hold.
+        again = session.by_source[source]
+        log.info(
+            "recompiled graph is graph %d again (same code and costs): reusing plan %s",
+            again.plan.graph_index,
+            again.plan.plan_hash,
+        )
+        return again
+    check_fallbacks(cost, settings.strict)
+    chunked = (
+        chunk_weights(gm, example_inputs, cost, settings.stream_chunk_bytes, graph_inputs.params)
+        if settings.stream_chunk_bytes
+        else None
+    )
+    plan = _plan(session, cost, chunked, example_inputs, profile, frame)
+    module = gm
+    if plan.split and chunked is not None:
+        module, weights = chunked.module, chunked.weights(plan.cost, example_inputs)
+        inputs = None  # the chunks as the weights are once some are released, below
+    else:
+        weights, inputs = whole_weights(plan.cost, example_inputs), list(example_inputs)
+    locations = place_on_disk(plan, weights, settings)
+    if inputs is None:
+        assert chunked is not None
+        inputs = chunked.expand(example_inputs)
+    if torch.cuda.is_available():
+        pin_streamed_weights(plan, inputs)
+    disk = session.disk_tier(plan, locations)
+    runtime = Runtime(session.virtual, disk, session.resident, settings.io_timeout_s)
+    rewritten = rewrite(module, plan, runtime)
+    session.make_room(plan, frame)
+    make_resident(plan, runtime, inputs)
+    compilers = compile_segments(rewritten, runtime, settings)
+    compiler_note = None
+    if disk is None:  # re-reading weights from disk only to time a graph costs too much
+        compiler_note = keep_faster(rewritten.module, compilers, inputs)
+    compiled = CompiledGraph(
+        plan=plan,
+        module=rewritten.module,
+        runtime=runtime,
+        compilers=compilers,
+        compiler_note=compiler_note,
+        settings=settings,
+        profile=profile,
+        chunks=chunked if plan.split else None,
+        lock=session.lock,
+        reference=gm if settings.verify else None,
+        frame=frame,
+        enter=session.enter,
+    )
+    session.graphs.append(compiled)
+    session.current = compiled  # its resident copies are the ones held now
+    session.by_source[source] = compiled
+    if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
+        from .report.explain import explain_graph
+
+        plan_log.debug("%s", explain_graph(compiled))
+        # every graph after the first is a graph break or a recompile with other code
+        # or shapes (the same graph again reuses its plan, above)
+        log.info("graph %d planned: %s", plan.graph_index, plan.native.chosen)
+        log.debug("schedule of graph %d:\n%s", plan.graph_index, rewritten.module.code)
+    return compiled
+
+
+def _plan(
+    session: Session,
+    cost: CostGraph,
+    chunked: ChunkedGraph | None,
+    example_inputs: Sequence[Any],
+    profile: HostProfile,
+    frame: int | None,
+) -> GraphPlan:
+    """The plan of ``cost`` beside what the session's other graphs keep resident: replayed
+    from the saved plan's decisions when the settings name one, else searched."""
+    settings = session.settings
+    index = len(session.graphs)
+    on_disk = frozenset(
+        p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
+    )
+    split = None
+    if chunked is not None:
+        assert chunked.cost is not None
+        split = Split(chunked.cost, chunked.rows())
+    names = shared_names(session, cost)
+    shared = share_resident(session, cost, example_inputs, profile, frame)
+
+    def plan_with(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
+        saved = _saved_decisions(session, graph, profile)
+        plan = plan_graph(index, graph, profile, settings, held, on_disk, split, saved)
+        if settings.plan is not None:
+            _check_saved(session, plan, saved)
+        return plan
+
+    try:
+        return plan_with(shared, session.resident_bytes(frame, names))
+    except PlanInfeasible:
+        if shared is cost:
+            raise
+        # Graph by graph, the earlier graphs' resident sets may leave this one too
+        # little; it then plans as if its shared parameters were not yet resident. That
+        # is right only where it keeps the same ones resident (planning the graphs of a
+        # model together would settle it).
+        log.warning(
+            "graph %d does not fit beside the parameters earlier graphs keep resident; "
+            "planning it as if it kept the same ones resident",
+            index,
+        )
+        return plan_with(cost, session.resident_bytes(frame, names, everywhere=True))
+
+
+def _saved_decisions(session: Session, cost: CostGraph, profile: HostProfile) -> Decisions | None:
+    """The decisions the saved plan (the ``plan`` option) holds for ``cost``; ``None`` without
+    one, or, with ``replan="auto"``, when it no longer applies (with a warning)."""
+    settings = session.settings
+    if settings.plan is None:
+        return None
+    try:
+        return session.saved_plan().check(cost, profile)
+    except StalePlanError as exc:
+        if settings.replan == "error":
+            raise
+        warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
+        return None
+
+
+def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> None:
+    """Refuse (or, with ``replan="auto"``, warn about) a saved plan whose decisions did not
+    replay to the plan they were saved with."""
+    if saved is None:  # already warned about
+        return
+    path = session.saved_plan().path
+    if saved.plan_hash != plan.plan_hash:
+        exc = StalePlanError(
+            f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "
+            f"(planning again gives {plan.plan_hash}): the settings or the planner changed"
+        )
+        if session.settings.replan == "error":
+            raise exc
+        warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
+        return
+    log.info("graph %d: plan %s reproduced from %s", plan.graph_index, plan.plan_hash, path)
+
+
+def check_fallbacks(cost: CostGraph, strict: bool) -> None:
+    """Refuse (``strict``) or warn about nodes that cannot be costed or placed."""
+    fallbacks = cost.fallbacks
+    if not fallbacks:
+        return
+    listing = "; ".join(f"{n.name} ({n.target}): {n.fallback}" for n in fallbacks)
+    if strict:
+        raise UnsupportedNodeError(
+            f"{len(fallbacks)} node(s) cannot be costed or placed: {listing}. "
+            "Pass strict=False to run them on the CPU instead."
+        )
+    warnings.warn(
+        f"TensorTorrent runs {len(fallbacks)} node(s) on the CPU because they cannot be "
+        f"costed or placed: {listing}",
+        TensorTorrentWarning,
+        stacklevel=4,
+    )

@@ -1,0 +1,90 @@
+"""A plan as a value: the decisions the native planner made for one graph, in the one form
+the plan cache and saved plans both store. Replaying them (``planner.replay``) gives the same
+plan, and its hash, without searching again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .. import _planner
+
+# field -> the type of each element of its list
+_LISTS: dict[str, type] = {
+    "node_device": int,
+    "param_streamed": bool,
+    "value_spilled": bool,
+    "param_home": str,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decisions:
+    """What the search chose: the candidate's name (a label), each node's device, which
+    parameters stream, which values spill, the prefetch depth and window, each parameter's
+    home tier, whether the graph cut into row chunks was planned, and the plan's hash."""
+
+    chosen: str
+    node_device: tuple[int, ...]
+    param_streamed: tuple[bool, ...]
+    value_spilled: tuple[bool, ...]
+    prefetch_depth: int
+    prefetch_window_bytes: int
+    param_home: tuple[str, ...]
+    split: bool
+    plan_hash: str
+
+    @classmethod
+    def of(cls, native: _planner.Plan, split: bool) -> Decisions:
+        """The decisions of ``native``, a plan of the split graph when ``split``."""
+        return cls(
+            chosen=native.chosen,
+            node_device=tuple(native.node_device),
+            param_streamed=tuple(native.param_streamed),
+            value_spilled=tuple(native.value_spilled),
+            prefetch_depth=native.prefetch_depth,
+            prefetch_window_bytes=native.prefetch_window_bytes,
+            param_home=tuple(native.param_home),
+            split=split,
+            plan_hash=native.plan_hash,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Decisions:
+        """Read :meth:`to_json`'s form; ``ValueError`` naming the first bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"decisions are {type(data).__name__}, not an object")
+        missing = sorted({f.name for f in dataclasses.fields(cls)} - set(data))
+        if missing:
+            raise ValueError(f"decisions lack {', '.join(missing)}")
+        for key, kind in _LISTS.items():
+            values = data[key]
+            if not isinstance(values, list) or not all(type(v) is kind for v in values):
+                raise ValueError(f"decisions.{key} is not a list of {kind.__name__}")
+        if not all(0 <= v < 2**31 for v in data["node_device"]):
+            raise ValueError("decisions.node_device holds a device index out of range")
+        for key in ("prefetch_depth", "prefetch_window_bytes"):
+            if type(data[key]) is not int or not 0 <= data[key] < 2**63:
+                raise ValueError(f"decisions.{key} is not a non-negative integer")
+        for key, kind in (("chosen", str), ("plan_hash", str), ("split", bool)):
+            if type(data[key]) is not kind:
+                raise ValueError(f"decisions.{key} is not a {kind.__name__}")
+        return cls(
+            chosen=data["chosen"],
+            node_device=tuple(data["node_device"]),
+            param_streamed=tuple(data["param_streamed"]),
+            value_spilled=tuple(data["value_spilled"]),
+            prefetch_depth=data["prefetch_depth"],
+            prefetch_window_bytes=data["prefetch_window_bytes"],
+            param_home=tuple(data["param_home"]),
+            split=data["split"],
+            plan_hash=data["plan_hash"],
+        )

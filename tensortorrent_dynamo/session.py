@@ -1,0 +1,308 @@
+"""What the graphs compiled with the same settings share: a :class:`Session` (devices and
+their ledgers, the resident copies, the disk tier) and the :class:`CompiledGraph` each
+captured graph becomes.
+
+Graphs of different Dynamo frames (graph breaks) run one after the other and keep their
+resident copies side by side; graphs of one frame (recompiles, size ranges) are
+alternatives, one of which runs per call (:meth:`Session.kept_beside`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .compiling.verify import eager_values, verified_call
+from .cost_graph import CostGraph
+from .io.offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
+from .passes.chunk_weights import ChunkedGraph
+from .plan.files import SavedPlan
+from .plan.files import load as load_plan
+from .plan.planner import GraphPlan
+from .profile import HostProfile
+from .run.runtime import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """One captured graph, planned, rewritten and compiled: what Dynamo calls."""
+
+    plan: GraphPlan
+    module: torch.fx.GraphModule
+    runtime: Runtime
+    compilers: dict[str, str]
+    settings: Settings
+    profile: HostProfile
+    # the measured compiler choice for the host segments (``compiler.keep_faster``)
+    compiler_note: str | None = None
+    calls: int = 0
+    last_call_s: float | None = None
+    # peak RSS of the process during the last call, when the host's memory is planned
+    # (a host budget or a disk tier); ``None`` otherwise
+    last_rss_peak: int | None = None
+    # the graph with large weights in row chunks that the plan was made for, when it was
+    chunks: ChunkedGraph | None = None
+    # held around each call: the graphs of one session share devices, pools and budgets
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # with ``verify``: the captured graph, until the first call has been checked against it
+    reference: torch.fx.GraphModule | None = None
+    # the Dynamo frame the graph was captured from (``None`` outside Dynamo): the graphs of
+    # one frame are alternatives, one of them runs per call (``Session.kept_beside``)
+    frame: int | None = None
+    # run before each call: makes this graph's resident copies the ones held
+    enter: Callable[[CompiledGraph], None] | None = None
+
+    def compilers_by_device(self) -> list[tuple[str, str]]:
+        """(segment name, device) in execution order."""
+        return [(name, getattr(self.module, name).device) for name in self.compilers]
+
+    def __call__(self, *args: Any) -> Any:
+        # One call at a time per session: a call takes the plan's buffers and budgets whole,
+        # so a second thread waits for it rather than both running over the budget.
+        with self.lock:
+            if self.reference is not None:
+                reference, self.reference = self.reference, None
+                expected = eager_values(reference, args)
+                segments = [getattr(self.module, name) for name in self.compilers]
+                return verified_call(
+                    segments, expected, lambda: self._run(args), self.plan.graph_index
+                )
+            return self._run(args)
+
+    def _run(self, args: Sequence[Any]) -> Any:
+        if self.enter is not None:
+            self.enter(self)
+        if self.chunks is not None:
+            args = tuple(self.chunks.expand(args))
+        self.calls += 1
+        self.runtime.begin_call()
+        try:
+            if "cpu" in self.settings.budgets or self.runtime.disk is not None:
+                with RssSampler() as rss, torch.no_grad():
+                    out = self.module(*args)
+                self.last_rss_peak = rss.peak
+            else:
+                with torch.no_grad():
+                    out = self.module(*args)
+        except BaseException as exc:
+            self.runtime.abandon(exc)
+            raise
+        self.last_call_s = self.runtime.recorder.now()
+        return out
+
+
+@dataclasses.dataclass
+class Session:
+    """What graphs compiled with the same settings share: devices and their ledgers."""
+
+    settings: Settings
+    virtual: dict[str, VirtualDevice]
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    disk: DiskTier | None = None
+    resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
+    # (hash of the graph's code, hash of its costs) -> the graph compiled from it
+    by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
+    # one call of one of the session's graphs at a time
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    # the graph whose resident copies are held now
+    current: CompiledGraph | None = None
+    # the plan file the settings name, once read
+    saved: SavedPlan | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> Session:
+        """A new session: a virtual device (and its ledger) for each the settings name."""
+        virtual = {
+            name: VirtualDevice(name, spec.capacity_bytes, settings.io_timeout_s)
+            for name, spec in settings.virtual_devices.items()
+        }
+        return cls(settings=settings, virtual=virtual)
+
+    def close(self) -> None:
+        """Stop the disk tier's reader threads."""
+        if self.disk is not None:
+            self.disk.reader.close()
+
+    def saved_plan(self) -> SavedPlan:
+        """The plan file the ``plan`` option names, read once."""
+        assert self.settings.plan is not None
+        if self.saved is None:
+            self.saved = load_plan(self.settings.plan)
+        return self.saved
+
+    def kept_beside(self, frame: int | None) -> frozenset[tuple[str, str]]:
+        """(fqn, device) of the resident copies held whatever graph of ``frame`` runs: those
+        of the graphs of other frames. Graph breaks are frames of their own and run one
+        after the other, so each keeps its copies. The graphs of one frame (recompiles for
+        other guards or shapes, the size ranges of a dynamic graph) are alternatives, one
+        of them runs per call: when one runs, the copies only the others keep are dropped
+        (:meth:`enter`), and each is planned as if they were not there."""
+        return frozenset().union(
+            *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
+        )
+
+    def enter(self, graph: CompiledGraph) -> None:
+        """Before ``graph`` runs: drop the resident copies that only the other graphs of its
+        frame keep (``graph`` makes its own again as it runs, if one was dropped)."""
+        if self.current is graph:
+            return
+        self.current = graph
+        self.make_room(graph.plan, graph.frame)
+
+    def make_room(self, plan: GraphPlan, frame: int | None) -> None:
+        """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""
+        keep = resident_set(plan) | self.kept_beside(frame)
+        dropped = self.resident.evict(lambda fqn, device: (fqn, device) in keep)
+        if dropped:
+            log.info(
+                "graph %d runs: %d resident copies only other graphs of its frame keep "
+                "were dropped",
+                plan.graph_index,
+                len(dropped),
+            )
+
+    def resident_bytes(
+        self,
+        frame: int | None,
+        exclude: frozenset[str] = frozenset(),
+        everywhere: bool = False,
+    ) -> dict[str, int]:
+        """Bytes held for good per device beside a new graph of ``frame``: the resident
+        copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
+        weights the plans keep in RAM as they are, less those of the parameters named in
+        ``exclude`` on the host (a new graph that uses them counts them itself). A model of
+        several graphs thus fits its budgets as a whole, graph by graph. Those resident
+        copies on an accelerator all count, as they stay there whatever the new graph
+        decides (see :func:`_share_resident`); with ``everywhere``, those named in
+        ``exclude`` are left out there too, as if the new graph's plan were to keep the
+        same ones resident."""
+        if not self.graphs:
+            return {}
+        runtime = self.graphs[0].runtime
+        keep = self.kept_beside(frame)
+        held = {name: 0 for g in self.graphs for name in (d.name for d in g.plan.devices)}
+        for fqn, copy in self.resident.copies():
+            device = runtime.owner(copy)
+            if (fqn, device) not in keep:
+                continue
+            if fqn in exclude and (device == "cpu" or everywhere):
+                continue
+            held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
+        in_ram: dict[str, int] = {}
+        for g in self.graphs:
+            for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True):
+                if not r.on_disk and p.fqn not in exclude:
+                    in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
+        held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
+        return held
+
+    def disk_tier(
+        self, plan: GraphPlan, locations: Mapping[str, TensorLocation]
+    ) -> DiskTier | None:
+        """The session's disk tier (one reader and host buffer pool for every graph),
+        knowing ``locations`` too; ``None`` while no parameter lives on disk.
+
+        Idle read buffers are kept for reuse up to the size of the largest tensor the plans
+        stream from disk: enough for a double buffer to reuse its buffers call after call,
+        and at most that much RAM beyond the plan's.
+        """
+        if not locations and self.disk is None:
+            return None
+        if self.disk is None:
+            pin = torch.cuda.is_available() and any(
+                d.startswith("cuda") for d in self.settings.devices or ["cuda"]
+            )
+            pool = HostBufferPool(pin=pin, max_idle_bytes=0)
+            self.disk = DiskTier(
+                locations={},
+                reader=DiskReader(pool),
+                pool=pool,
+                timeout_s=self.settings.io_timeout_s,
+            )
+        self.disk.add(locations)
+        streamed = [
+            p.nbytes
+            for p, r in zip(plan.cost.params, plan.residency, strict=True)
+            if r.reads_from_disk
+        ]
+        if streamed:
+            largest = read_buffer_bytes(max(streamed))
+            pool = self.disk.pool
+            pool.max_idle_bytes = max(pool.max_idle_bytes or 0, largest)
+        return self.disk
+
+
+def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:
+    """(fqn, device) of each resident copy the plan keeps."""
+    return frozenset(
+        (p.fqn, r.device)
+        for p, r in zip(plan.cost.params, plan.residency, strict=True)
+        if r.keeps_copy
+    )
+
+
+def make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:
+    """Copy every resident parameter to its device now (reading those that live on disk),
+    so later graphs plan around it; one an earlier graph of the session already holds there
+    is shared, as the plan assumed, not copied again."""
+    for param, residency in zip(plan.cost.params, plan.residency, strict=True):
+        if residency.keeps_copy:
+            runtime.resident_copy(param.fqn, example_inputs[param.arg_index], residency.device)
+
+
+def shared_names(session: Session, cost: CostGraph) -> frozenset[str]:
+    """The fqns of ``cost``'s parameters and the keys of the row chunks earlier graphs cut
+    them into: a graph shares the resident copies of both."""
+    names = {p.fqn for p in cost.params}
+    for graph in session.graphs:
+        if graph.chunks is not None:
+            names |= {p.fqn for p in graph.plan.cost.params if graph.chunks.parent(p) in names}
+    return frozenset(names)
+
+
+def share_resident(
+    session: Session,
+    cost: CostGraph,
+    example_inputs: Sequence[Any],
+    profile: HostProfile,
+    frame: int | None,
+) -> CostGraph:
+    """``cost`` with the parameters an earlier graph already keeps resident on the one
+    accelerator counted as 0 bytes: their copies stay there and are already in the budget
+    held (``Session.resident_bytes``), so keeping them costs the new graph nothing, and the
+    runtime uses the copy where the plan would stream them (``Runtime.prefetch``). With
+    several accelerators a plan could place such a parameter on another one, unaccounted,
+    so nothing is shared then."""
+    accelerators = [d.name for d in profile.devices if d.name != "cpu"]
+    if len(accelerators) != 1 or not session.graphs:
+        return cost
+    (device,) = accelerators
+    kept = session.kept_beside(frame)
+    shared = [
+        i
+        for i, p in enumerate(cost.params)
+        if (p.fqn, device) in kept
+        and session.resident.get(example_inputs[p.arg_index], device) is not None
+    ]
+    if not shared:
+        return cost
+    log.info(
+        "graph %d shares %d parameters earlier graphs keep resident on %s",
+        len(session.graphs),
+        len(shared),
+        device,
+    )
+    params = list(cost.params)
+    for i in shared:
+        params[i] = dataclasses.replace(params[i], nbytes=0)
+    return dataclasses.replace(cost, params=tuple(params))

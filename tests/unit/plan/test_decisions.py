@@ -1,0 +1,68 @@
+"""A plan's decisions as a value: the one form the plan cache and saved plans store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tensortorrent_dynamo.plan.decisions import Decisions
+
+DECISIONS = Decisions(
+    chosen="knapsack/window-64KiB",
+    node_device=(0, 1, 1),
+    param_streamed=(True, False),
+    value_spilled=(False, False, True),
+    prefetch_depth=1,
+    prefetch_window_bytes=65536,
+    param_home=("disk", "host"),
+    split=True,
+    plan_hash="0123456789abcdef",
+)
+
+
+def test_decisions_survive_json() -> None:
+    data = json.loads(json.dumps(DECISIONS.to_json()))
+    assert Decisions.from_json(data) == DECISIONS
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"node_device": [0, "1"]}, "node_device"),
+        ({"node_device": [-1]}, "node_device"),
+        ({"param_streamed": [1, 0]}, "param_streamed"),
+        ({"param_home": "disk"}, "param_home"),
+        ({"prefetch_depth": -1}, "prefetch_depth"),
+        ({"prefetch_window_bytes": 1.5}, "prefetch_window_bytes"),
+        ({"split": 1}, "split"),
+        ({"chosen": None}, "chosen"),
+    ],
+)
+def test_a_bad_field_is_named(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Decisions.from_json({**DECISIONS.to_json(), **change})
+
+
+def test_a_missing_field_is_named() -> None:
+    data = DECISIONS.to_json()
+    del data["param_home"]
+    with pytest.raises(ValueError, match="lack param_home"):
+        Decisions.from_json(data)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.sampled_from([*DECISIONS.to_json(), "other"]), json_values, max_size=12))
+def test_damaged_decisions_raise_only_value_error(data: dict[str, Any]) -> None:
+    with contextlib.suppress(ValueError):
+        Decisions.from_json({**DECISIONS.to_json(), **data})
