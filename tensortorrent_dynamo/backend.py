@@ -33,7 +33,9 @@ from .errors import (
     UnsupportedNodeError,
 )
 from .functional import GraphInputs, functional
-from .io.offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
+from .io.pool import HostBufferPool, read_buffer_bytes
+from .io.reader import DiskReader
+from .io.safetensors import TensorLocation
 from .passes.chunk_weights import ChunkedGraph, WeightChunker
 from .passes.rewrite import rewrite
 from .plan import files as saved_plan

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import psutil
 
+from ..io.page_cache import PAGE_BYTES
 from ..units import format_bytes
 from .schema import Figure
 
 BLOCK_BYTES = 4 * 1024**2
-PAGE_BYTES = 4096
 _LATENCY_WARMUP = 5
 # Passes over the file per timed sample: on some virtual disks consecutive passes alternate
 # between fast and slow, and a median of single passes would flip between the two.

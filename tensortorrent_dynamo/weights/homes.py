@@ -35,7 +35,9 @@ import torch
 
 from ..cost_graph import CostGraph
 from ..errors import CheckpointError
-from ..io.offload import FileGuard, OffloadStore, TensorLocation, safetensors_locations
+from ..io.integrity import FileGuard
+from ..io.safetensors import TensorLocation, safetensors_locations
+from ..io.store import OffloadStore
 from ..plan.planner import GraphPlan
 from ..profile.cache import default_offload_dir
 from ..settings import Settings
