@@ -20,7 +20,9 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph
-from .io.offload import DiskReader, HostBufferPool, TensorLocation, read_buffer_bytes
+from .io.pool import HostBufferPool, read_buffer_bytes
+from .io.reader import DiskReader
+from .io.safetensors import TensorLocation
 from .passes.chunk_weights import ChunkedGraph
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan

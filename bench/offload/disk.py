@@ -36,13 +36,9 @@ def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
     pool (``pooled``), as a reader streaming the same model call after call does. The
     figure is the faster pass.
     """
-    from tensortorrent_dynamo.io.offload import (
-        DEFAULT_CHUNK_BYTES,
-        DEFAULT_READ_THREADS,
-        DiskReader,
-        HostBufferPool,
-        safetensors_locations,
-    )
+    from tensortorrent_dynamo.io.pool import HostBufferPool
+    from tensortorrent_dynamo.io.reader import DEFAULT_CHUNK_BYTES, DEFAULT_READ_THREADS, DiskReader
+    from tensortorrent_dynamo.io.safetensors import safetensors_locations
 
     passes: list[dict[str, Any]] = []
     try:
@@ -97,7 +93,7 @@ def disk_figures(
         "method": "the highest read bandwidth measured in this run at the bench's disk: "
         "tensortorrent_dynamo.profile.disk.DiskBench (one stream of O_DIRECT reads at the "
         "offload directory) before and after the competitors, and "
-        "tensortorrent_dynamo.io.offload.DiskReader (every tensor of model.safetensors submitted "
+        "tensortorrent_dynamo.io.reader.DiskReader (every tensor of model.safetensors submitted "
         "at once, its default threads, page cache dropped) at the start of every round",
         "before": before,
         "after": after,

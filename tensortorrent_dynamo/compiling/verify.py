@@ -22,7 +22,8 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from ..errors import VerifyMismatch
-from ..io.offload import DiskReader, HostBufferPool
+from ..io.pool import HostBufferPool
+from ..io.reader import DiskReader
 from ..passes.rewrite import SOURCE_NAME
 from ..weights.released import released_location
 from .segments import copy_of

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import psutil
 
+from ..io import page_cache
+from ..io.page_cache import PAGE_BYTES
 from ..units import format_bytes
 from .schema import Figure
 
 BLOCK_BYTES = 4 * 1024**2
-PAGE_BYTES = 4096
 _LATENCY_WARMUP = 5
 # Passes over the file per timed sample: on some virtual disks consecutive passes alternate
 # between fast and slow, and a median of single passes would flip between the two.
 PASSES_PER_SAMPLE = 2
-_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
 def writable_problem(directory: Path) -> str | None:
@@ -53,18 +53,6 @@ def filesystem(directory: Path) -> str:
         if inside and (best is None or len(mount) > len(best.mountpoint)):
             best = part
     return f"{best.fstype} on {best.device}" if best else "unknown filesystem"
-
-
-def _evict(fd: int) -> str:
-    """Drop the file's pages from the page cache; returns how, or ``""`` when impossible."""
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return "posix_fadvise(POSIX_FADV_DONTNEED)"
-    if os.geteuid() == 0 and os.access(_DROP_CACHES, os.W_OK):
-        os.sync()
-        _DROP_CACHES.write_text("1\n")
-        return "writing 1 to /proc/sys/vm/drop_caches"
-    return ""
 
 
 class DiskBench:
@@ -182,7 +170,7 @@ class DiskBench:
         fd = self._open(os.O_RDONLY)
         try:
             if not self.direct:
-                self.evicted_by = _evict(fd)
+                self.evicted_by = page_cache.drop_file(fd)
             start = time.perf_counter()
             for offset in range(0, self.nbytes, BLOCK_BYTES):
                 if os.preadv(fd, [buf], offset) <= 0:
@@ -237,7 +225,7 @@ class DiskBench:
         fd = self._open(os.O_RDONLY)
         try:
             if not self.direct:
-                self.evicted_by = _evict(fd)
+                self.evicted_by = page_cache.drop_file(fd)
                 if hasattr(os, "posix_fadvise"):
                     # Without read-ahead, each read costs one trip to the disk.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)

@@ -25,7 +25,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import CheckpointError
-from ..io.offload import FileGuard, TensorLocation, safetensors_locations
+from ..io.integrity import FileGuard
+from ..io.safetensors import TensorLocation, safetensors_locations
 
 log = logging.getLogger(__name__)
 

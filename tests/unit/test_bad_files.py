@@ -44,7 +44,7 @@ from tensortorrent_dynamo.errors import (
     StalePlanError,
     TensorTorrentError,
 )
-from tensortorrent_dynamo.io.offload import OffloadStore
+from tensortorrent_dynamo.io.store import OffloadStore
 from tensortorrent_dynamo.plan import files as saved_plan
 from tensortorrent_dynamo.profile import HostProfile, cache
 from tensortorrent_dynamo.profile.resolve import load_profile_file, nominal_measurements

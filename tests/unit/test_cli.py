@@ -22,7 +22,7 @@ def test_doctor_reports_planner_and_backend() -> None:
 def test_doctor_counts_the_offload_stores(tmp_path: Path) -> None:
     import torch
 
-    from tensortorrent_dynamo.io.offload import OffloadStore
+    from tensortorrent_dynamo.io.store import OffloadStore
 
     OffloadStore(tmp_path / "offload" / "layout").write({"w": torch.ones(1024)})
     result = subprocess.run(

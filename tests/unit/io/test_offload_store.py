@@ -15,9 +15,13 @@ import pytest
 import safetensors.torch
 import torch
 
-import tensortorrent_dynamo.io.offload as offload
+import tensortorrent_dynamo.io.safetensors as safetensors_io
+import tensortorrent_dynamo.io.store as store_io
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
-from tensortorrent_dynamo.io.offload import DiskReader, HostBufferPool, OffloadStore, TensorLocation
+from tensortorrent_dynamo.io.pool import HostBufferPool
+from tensortorrent_dynamo.io.reader import DiskReader
+from tensortorrent_dynamo.io.safetensors import TensorLocation
+from tensortorrent_dynamo.io.store import OffloadStore
 
 
 def model_weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -90,13 +94,13 @@ def test_writing_the_same_tensors_again_writes_nothing(
     first = store.write(weights)
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     files_written: list[Path] = []
-    real_write_file = offload._write_file
+    real_write_file = store_io._write_file
 
-    def counting(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> offload._Written:
+    def counting(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> safetensors_io._Written:
         files_written.append(path)
         return real_write_file(path, tensors)
 
-    monkeypatch.setattr(offload, "_write_file", counting)
+    monkeypatch.setattr(store_io, "_write_file", counting)
     again = OffloadStore(tmp_path).write({k: t.clone() for k, t in weights.items()})
     assert again == first and files_written == []
     assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
@@ -296,7 +300,7 @@ def test_verifying_does_not_fill_the_page_cache(tmp_path: Path) -> None:
 
 def test_source_checksums_read_contiguous_tensors_in_place() -> None:
     tensor = torch.randn(8, 8).to(torch.bfloat16)
-    view = offload._tensor_bytes("t", tensor)
+    view = safetensors_io._tensor_bytes("t", tensor)
     assert len(view) == 128
     assert np.frombuffer(view, dtype=np.uint8).ctypes.data == tensor.data_ptr()
 

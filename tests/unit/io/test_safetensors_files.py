@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensortorrent_dynamo.errors import CheckpointError
-from tensortorrent_dynamo.io.offload import (
-    DiskReader,
-    HostBufferPool,
+from tensortorrent_dynamo.io.pool import HostBufferPool
+from tensortorrent_dynamo.io.reader import DiskReader
+from tensortorrent_dynamo.io.safetensors import (
     TensorLocation,
     safetensors_locations,
     write_safetensors,

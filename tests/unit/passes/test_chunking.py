@@ -13,7 +13,9 @@ from torch import nn
 
 from tensortorrent_dynamo.cost_graph import build_cost_graph
 from tensortorrent_dynamo.functional import GraphInputs, capture
-from tensortorrent_dynamo.io.offload import DiskReader, HostBufferPool, write_safetensors
+from tensortorrent_dynamo.io.pool import HostBufferPool
+from tensortorrent_dynamo.io.reader import DiskReader
+from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.passes.chunk_weights import chunk_key, chunk_weights, row_ranges, rows_of
 
 

@@ -1,0 +1,271 @@
+"""Safetensors files: where each tensor of one is, from its header alone, and writing one.
+
+:func:`safetensors_locations` indexes a safetensors checkpoint from its header alone, and
+:func:`write_safetensors` writes one atomically (no dependency on the safetensors package):
+to a temporary name, flushed and renamed, so a crash leaves the previous file readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from ..errors import CheckpointError, OffloadError
+from . import page_cache
+from .integrity import FileGuard, block_checksums
+from .page_cache import _round_up
+
+__all__ = ["TensorLocation", "safetensors_locations", "write_safetensors"]
+
+# The safetensors package refuses headers above this size; so do we.
+_MAX_HEADER_BYTES = 100_000_000
+# The safetensors format aligns the start of the data to this many bytes.
+_DATA_ALIGNMENT = 8
+
+_TEMP_PREFIX = ".tmp-"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorLocation:
+    """Where one tensor's bytes are: ``nbytes`` bytes at ``offset`` of ``path``, row-major."""
+
+    key: str
+    path: Path
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    # what the file is known to hold: a read of a guarded location is verified before use
+    guard: FileGuard | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def rows(self, start: int, stop: int) -> TensorLocation:
+        """Where rows ``start:stop`` (along the first dimension) of this tensor are: a
+        contiguous byte range of the same stored tensor (the same ``key``)."""
+        if not self.shape or not 0 <= start < stop <= self.shape[0]:
+            raise ValueError(f"{self.key}: no rows {start}:{stop} in shape {list(self.shape)}")
+        row_bytes = self.nbytes // self.shape[0]
+        return dataclasses.replace(
+            self,
+            offset=self.offset + start * row_bytes,
+            nbytes=(stop - start) * row_bytes,
+            shape=(stop - start, *self.shape[1:]),
+        )
+
+
+def _dtype_name(key: str, dtype: torch.dtype) -> str:
+    """The safetensors name of ``dtype``; raises :class:`OffloadError` for one we cannot store."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise OffloadError(
+            f"{key}: tensors of dtype {dtype} cannot be stored on disk; the supported dtypes are "
+            + ", ".join(str(d) for d in _DTYPES.values())
+        )
+    return name
+
+
+def _tensor_bytes(key: str, tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes in row-major order.
+
+    A view of its own memory when it is a contiguous CPU tensor (no copy); otherwise a
+    contiguous CPU copy. Reinterpreting as uint8 first lets numpy expose dtypes it lacks
+    (bfloat16, float8).
+    """
+    if tensor.device.type == "meta":
+        raise OffloadError(f"{key} is on the meta device: it has no bytes to store")
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().data
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _atomic_create(path: Path) -> Iterator[BinaryIO]:
+    """A file written under a temporary name and renamed to ``path`` once complete.
+
+    The data is fsynced before the rename and the directory after it, so ``path`` names
+    either the previous file or the complete new one, whenever the machine stops. The
+    written pages are dropped from the page cache: the data is not read back soon, and
+    writing gigabytes of weights must not evict everything else.
+    """
+    temp = path.with_name(f"{_TEMP_PREFIX}{secrets.token_hex(6)}-{path.name}")
+    try:
+        with open(temp, "xb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+            page_cache.drop(file.fileno(), 0, 0)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def safetensors_locations(path: str | os.PathLike[str]) -> dict[str, TensorLocation]:
+    """Where each tensor of the safetensors file ``path`` is, read from its header alone.
+
+    The format: an 8-byte little-endian header length, a JSON header mapping each name to
+    its dtype, shape and ``data_offsets`` (relative to the end of the header), then the
+    data. Raises :class:`CheckpointError` naming the file and the problem when the file is
+    missing, truncated or malformed, or holds a dtype we cannot read.
+    """
+    file = Path(os.path.abspath(path))
+
+    def bad(problem: str) -> CheckpointError:
+        return CheckpointError(f"{file}: {problem}")
+
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise bad(f"{size} bytes is too short for a safetensors file")
+            header_bytes = int.from_bytes(prefix, "little")
+            if header_bytes > min(size - 8, _MAX_HEADER_BYTES):
+                raise bad(
+                    f"the header claims {header_bytes} bytes but the file has {size - 8} after "
+                    "the length prefix: truncated, or not a safetensors file"
+                )
+            raw = f.read(header_bytes)
+    except FileNotFoundError:
+        raise bad("no such file") from None
+    except IsADirectoryError:
+        raise bad("is a directory, not a safetensors file") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"the header is not JSON ({exc}): not a safetensors file, or damaged") from None
+    if not isinstance(header, dict):
+        raise bad(f"the header is a JSON {type(header).__name__}, not an object")
+    data_start = 8 + header_bytes
+    locations: dict[str, TensorLocation] = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype_name, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise bad(f"tensor {key!r}: expected dtype, shape and two data_offsets") from None
+        dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None:
+            raise bad(
+                f"tensor {key!r} has dtype {dtype_name!r}, which TensorTorrent cannot read; "
+                f"supported: {', '.join(_DTYPES)}"
+            )
+        ints = [*shape, begin, end] if isinstance(shape, list) else None
+        if ints is None or not all(type(n) is int and n >= 0 for n in ints) or end < begin:
+            raise bad(f"tensor {key!r}: malformed shape {shape!r} or data_offsets {entry!r}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if end - begin != nbytes:
+            raise bad(
+                f"tensor {key!r} of shape {shape} and dtype {dtype_name} needs {nbytes} bytes "
+                f"but its data_offsets span {end - begin}"
+            )
+        if data_start + end > size:
+            raise bad(
+                f"tensor {key!r} ends at byte {data_start + end} but the file has {size} bytes: "
+                "truncated"
+            )
+        locations[key] = TensorLocation(key, file, data_start + begin, nbytes, dtype, tuple(shape))
+    return locations
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What writing one safetensors file produced."""
+
+    locations: dict[str, TensorLocation]
+    data_start: int
+    header_sums: tuple[int, ...]
+    size: int
+
+
+def _write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Written:
+    """Write ``tensors`` as the safetensors file ``path``, atomically.
+
+    Tensors are laid out by decreasing element size (stable, so model order is kept within
+    a dtype): with the data starting at a multiple of 8, every tensor then starts at a
+    multiple of its element size, and a reader can view its bytes in place.
+    """
+    ordered = sorted(tensors, key=lambda item: -item[1].element_size())
+    header: dict[str, Any] = {}
+    offset = 0
+    for key, tensor in ordered:
+        nbytes = tensor.numel() * tensor.element_size()
+        header[key] = {
+            "dtype": _dtype_name(key, tensor.dtype),
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    # Pad with spaces (valid JSON whitespace) so that the data starts aligned.
+    text += b" " * (_round_up(8 + len(text), _DATA_ALIGNMENT) - 8 - len(text))
+    head = len(text).to_bytes(8, "little") + text
+    with _atomic_create(path) as file:
+        file.write(head)
+        for key, tensor in ordered:
+            file.write(_tensor_bytes(key, tensor))
+    start = len(head)
+    return _Written(
+        locations={
+            key: TensorLocation(
+                key,
+                path,
+                start + header[key]["data_offsets"][0],
+                tensor.numel() * tensor.element_size(),
+                tensor.dtype,
+                tuple(tensor.shape),
+            )
+            for key, tensor in tensors
+        },
+        data_start=start,
+        header_sums=block_checksums(head),
+        size=start + offset,
+    )
+
+
+def write_safetensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor]
+) -> dict[str, TensorLocation]:
+    """Write ``tensors`` as a safetensors file at ``path``; returns where each one is.
+
+    The file is complete or absent: it is written under a temporary name in the same
+    directory, fsynced and renamed. Non-contiguous tensors are written in row-major order.
+    """
+    file = Path(os.path.abspath(path))
+    return _write_file(file, list(tensors.items())).locations
