@@ -20,9 +20,9 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph
+from .io.locations import TensorLocation
 from .io.pool import HostBufferPool, read_buffer_bytes
 from .io.reader import DiskReader
-from .io.safetensors import TensorLocation
 from .passes.chunk_weights import ChunkedGraph
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan
@@ -227,7 +227,7 @@ class Session:
             pool = HostBufferPool(pin=pin, max_idle_bytes=0)
             self.disk = DiskTier(
                 locations={},
-                reader=DiskReader(pool),
+                reader=DiskReader(pool, threads=self.settings.read_threads),
                 pool=pool,
                 timeout_s=self.settings.io_timeout_s,
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from .errors import OptionsError
+from .io.reader import DEFAULT_READ_THREADS
 from .units import parse_bytes, parse_rate
 
 Objective = Literal["latency", "memory", "throughput"]
@@ -141,7 +142,10 @@ class Settings:
     verify: bool = _option(
         False, help="bool: check the first call segment by segment against eager (a debug mode)"
     )
-    read_threads: int = _option(4, help="threads reading weights from disk (default 4)")
+    read_threads: int = _option(
+        DEFAULT_READ_THREADS,
+        help=f"threads reading weights from disk (default {DEFAULT_READ_THREADS})",
+    )
     prefetch_depth: int = _option(
         1, help="segments ahead a streamed weight is prefetched (default 1: a double buffer)"
     )

@@ -29,9 +29,9 @@ import torch
 
 from ..errors import OffloadError
 from . import page_cache
+from .locations import TensorLocation
 from .page_cache import PAGE_BYTES, _round_up
 from .pool import HostBufferPool, read_buffer_bytes
-from .safetensors import TensorLocation
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

@@ -21,10 +21,10 @@ import torch
 
 from ..errors import CheckpointError, OffloadError
 from . import page_cache
-from .integrity import FileGuard, block_checksums
+from .locations import TensorLocation, block_checksums
 from .page_cache import _round_up
 
-__all__ = ["TensorLocation", "safetensors_locations", "write_safetensors"]
+__all__ = ["safetensors_locations", "write_safetensors"]
 
 # The safetensors package refuses headers above this size; so do we.
 _MAX_HEADER_BYTES = 100_000_000
@@ -50,33 +50,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorLocation:
-    """Where one tensor's bytes are: ``nbytes`` bytes at ``offset`` of ``path``, row-major."""
-
-    key: str
-    path: Path
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    # what the file is known to hold: a read of a guarded location is verified before use
-    guard: FileGuard | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def rows(self, start: int, stop: int) -> TensorLocation:
-        """Where rows ``start:stop`` (along the first dimension) of this tensor are: a
-        contiguous byte range of the same stored tensor (the same ``key``)."""
-        if not self.shape or not 0 <= start < stop <= self.shape[0]:
-            raise ValueError(f"{self.key}: no rows {start}:{stop} in shape {list(self.shape)}")
-        row_bytes = self.nbytes // self.shape[0]
-        return dataclasses.replace(
-            self,
-            offset=self.offset + start * row_bytes,
-            nbytes=(stop - start) * row_bytes,
-            shape=(stop - start, *self.shape[1:]),
-        )
 
 
 def _dtype_name(key: str, dtype: torch.dtype) -> str:

@@ -28,7 +28,14 @@ import torch
 
 from ..errors import OffloadCorruptError, OffloadError
 from ..units import format_bytes, format_rate
-from .integrity import CHECKSUM, VERIFY_BLOCK_BYTES, FileGuard, block_checksums, checksum
+from .locations import (
+    CHECKSUM,
+    VERIFY_BLOCK_BYTES,
+    FileGuard,
+    TensorLocation,
+    block_checksums,
+    checksum,
+)
 from .page_cache import _round_up
 from .pool import HostBufferPool
 from .reader import DiskReader, ReadResult
@@ -36,7 +43,6 @@ from .safetensors import (
     _DTYPE_NAMES,
     _DTYPES,
     _TEMP_PREFIX,
-    TensorLocation,
     _atomic_create,
     _dtype_name,
     _tensor_bytes,

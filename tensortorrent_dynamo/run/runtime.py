@@ -41,10 +41,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import CopyTimeout, VirtualDeviceOutOfMemory
-from ..io.integrity import FileGuard
+from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
 from ..io.reader import DiskReader, ReadResult
-from ..io.safetensors import TensorLocation
 from ..settings import Settings
 from ..units import format_bytes
 

@@ -15,7 +15,7 @@ import torch
 
 from ..cost_graph import CostGraph
 from ..io.files import digest
-from ..io.safetensors import TensorLocation
+from ..io.locations import TensorLocation
 from ..io.store import OffloadStore
 from ..plan.planner import GraphPlan
 from ..profile.cache import default_offload_dir

@@ -25,8 +25,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import CheckpointError
-from ..io.integrity import FileGuard
-from ..io.safetensors import TensorLocation, safetensors_locations
+from ..io.locations import FileGuard, TensorLocation
+from ..io.safetensors import safetensors_locations
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,7 @@ import torch
 
 import tensortorrent as tt
 from tensortorrent_dynamo.backend import CompiledGraph
-from tensortorrent_dynamo.io.integrity import VERIFY_BLOCK_BYTES
-from tensortorrent_dynamo.io.safetensors import TensorLocation
+from tensortorrent_dynamo.io.locations import VERIFY_BLOCK_BYTES, TensorLocation
 from tensortorrent_dynamo.io.store import OffloadStore
 from tensortorrent_dynamo.run.runtime import DiskTier
 from tests.models import mlp, param_bytes

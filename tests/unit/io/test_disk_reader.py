@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
-from tensortorrent_dynamo.io.integrity import FileGuard
+from tensortorrent_dynamo.io.locations import FileGuard, TensorLocation
 from tensortorrent_dynamo.io.pool import HostBufferPool
 from tensortorrent_dynamo.io.reader import DiskReader
-from tensortorrent_dynamo.io.safetensors import TensorLocation, write_safetensors
+from tensortorrent_dynamo.io.safetensors import write_safetensors
 
 PAGE = 4096
 

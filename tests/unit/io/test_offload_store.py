@@ -18,9 +18,9 @@ import torch
 import tensortorrent_dynamo.io.safetensors as safetensors_io
 import tensortorrent_dynamo.io.store as store_io
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
+from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.pool import HostBufferPool
 from tensortorrent_dynamo.io.reader import DiskReader
-from tensortorrent_dynamo.io.safetensors import TensorLocation
 from tensortorrent_dynamo.io.store import OffloadStore
 
 

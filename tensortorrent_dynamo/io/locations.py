@@ -1,4 +1,5 @@
-"""Checksums of stored bytes, block by block, and the guard that holds every read to them.
+"""Where tensors' bytes are in files (:class:`TensorLocation`), the checksums of those bytes,
+block by block, and the guard that holds every read to them.
 
 * :func:`checksum` is CRC-32C and :func:`block_checksums` sums bytes in blocks of
   ``VERIFY_BLOCK_BYTES``, so that a read of part of a tensor is verified without the rest.
@@ -16,18 +17,22 @@ import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import crc32c
+import torch
 
 from ..errors import OffloadCorruptError
 from ..units import format_bytes
 from .page_cache import _round_up
 
-if TYPE_CHECKING:
-    from .safetensors import TensorLocation
-
-__all__ = ["CHECKSUM", "VERIFY_BLOCK_BYTES", "FileGuard", "block_checksums", "checksum"]
+__all__ = [
+    "CHECKSUM",
+    "VERIFY_BLOCK_BYTES",
+    "FileGuard",
+    "TensorLocation",
+    "block_checksums",
+    "checksum",
+]
 
 # CRC-32C with the CPU's crc32 instruction (the ``crc32c`` package) runs at about 12 GiB/s on
 # the 2-core development machine (zlib's CRC-32 3.4 GiB/s there), releases the GIL for
@@ -163,4 +168,31 @@ class FileGuard:
             f"{len(bad)} block(s) of {format_bytes(VERIFY_BLOCK_BYTES)}, from byte {low}, on "
             f"two reads (the file was damaged or overwritten). {self.advice}",
             [loc.key],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorLocation:
+    """Where one tensor's bytes are: ``nbytes`` bytes at ``offset`` of ``path``, row-major."""
+
+    key: str
+    path: Path
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    # what the file is known to hold: a read of a guarded location is verified before use
+    guard: FileGuard | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def rows(self, start: int, stop: int) -> TensorLocation:
+        """Where rows ``start:stop`` (along the first dimension) of this tensor are: a
+        contiguous byte range of the same stored tensor (the same ``key``)."""
+        if not self.shape or not 0 <= start < stop <= self.shape[0]:
+            raise ValueError(f"{self.key}: no rows {start}:{stop} in shape {list(self.shape)}")
+        row_bytes = self.nbytes // self.shape[0]
+        return dataclasses.replace(
+            self,
+            offset=self.offset + start * row_bytes,
+            nbytes=(stop - start) * row_bytes,
+            shape=(stop - start, *self.shape[1:]),
         )
