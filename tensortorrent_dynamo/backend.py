@@ -39,7 +39,10 @@ from .passes.rewrite import rewrite
 from .plan import files as saved_plan
 from .plan.planner import GraphPlan, plan_graph
 from .profile import HostProfile, host_profile
-from .run.runtime import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
+from .run.record import RssSampler
+from .run.residents import DiskTier, ResidentCopies
+from .run.runtime import Runtime
+from .run.virtual import VirtualDevice
 from .settings import Settings, parse_options
 from .shapes import SizeRanges, SymbolicSizes
 from .weights.homes import (

@@ -21,7 +21,7 @@ import torch
 import tensortorrent as tt
 from tensortorrent_dynamo.backend import CompiledGraph
 from tensortorrent_dynamo.io.offload import VERIFY_BLOCK_BYTES, OffloadStore, TensorLocation
-from tensortorrent_dynamo.run.runtime import DiskTier
+from tensortorrent_dynamo.run.residents import DiskTier
 from tests.models import mlp, param_bytes
 
 FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
