@@ -28,7 +28,10 @@ from .plan.files import SavedPlan
 from .plan.files import load as load_plan
 from .plan.planner import GraphPlan
 from .profile import HostProfile
-from .run.runtime import DiskTier, ResidentCopies, RssSampler, Runtime, VirtualDevice
+from .run.record import RssSampler
+from .run.residents import DiskTier, ResidentCopies
+from .run.runtime import Runtime
+from .run.virtual import VirtualDevice
 from .settings import Settings
 
 log = logging.getLogger(__name__)

@@ -19,20 +19,22 @@ import torch.fx
 
 from ..errors import TensorTorrentError, TensorTorrentWarning
 from ..passes.rewrite import Rewritten
-from ..run import runtime as run
-from ..run.runtime import Runtime, Segment
+from ..run import ops
+from ..run.copies import landing
+from ..run.ops import Segment
+from ..run.runtime import Runtime
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-# the runtime ops whose value is a copy, in the layout of ``run.landing``
-_COPIES = (run.transfer, run.wait, run.resident)
+# the runtime ops whose value is a copy, in the layout of ``landing``
+_COPIES = (ops.transfer, ops.wait, ops.resident)
 
 
 def _fake_inputs(parent: torch.fx.GraphModule, name: str) -> list[Any]:
     """The example inputs segment ``name`` is compiled for: each as the segment receives
-    it, so with the layout of :func:`run.landing` where the value is a copy (a transfer,
+    it, so with the layout of :func:`landing` where the value is a copy (a transfer,
     a prefetched or resident parameter, a reload), not the layout it was traced with."""
     sub = getattr(parent, name)
     call = next(n for n in parent.graph.nodes if n.op == "call_module" and n.target == name)
@@ -43,7 +45,7 @@ def _fake_inputs(parent: torch.fx.GraphModule, name: str) -> list[Any]:
         copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
         if copied and arg.target in _COPIES and isinstance(fake, torch.Tensor):
             with fake.fake_mode:  # type: ignore[attr-defined]
-                fake = run.landing(fake, device=fake.device)
+                fake = landing(fake, device=fake.device)
         fakes.append(fake)
     return fakes
 

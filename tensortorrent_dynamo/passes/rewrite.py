@@ -20,7 +20,8 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from ..plan.planner import GraphPlan
-from ..run import runtime as run
+from ..run import ops
+from ..run.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _segment_of(name: str) -> int:
     return int(name.removeprefix("submod_"))
 
 
-def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> Rewritten:
+def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewritten:
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
     cost = plan.cost
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
@@ -74,7 +75,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
         idle between one copy and the next."""
         later = [s for s in call_of_segment if s >= segment]
         issue_at = call_of_segment[min(later)] if later else calls[-1]
-        before = (run.wait, run.resident, run.transfer)
+        before = (ops.wait, ops.resident, ops.transfer)
         while issue_at.prev.op == "call_function" and issue_at.prev.target in before:
             issue_at = issue_at.prev
         return issue_at
@@ -107,7 +108,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
                 key = (arg, device)
                 if key not in moved:
                     with graph.inserting_before(call):
-                        moved[key] = graph.call_function(run.transfer, (rt, arg, device))
+                        moved[key] = graph.call_function(ops.transfer, (rt, arg, device))
                 new_args.append(moved[key])
         call.args = tuple(new_args)
         device_of[call] = device
@@ -119,7 +120,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
         if plan.residency[pid].streams and param.placeholder in waited:
             last = call_of_segment[plan.native.param_evict_segment[pid]]
             with graph.inserting_after(last):
-                graph.call_function(run.evict, (waited[param.placeholder].args[0],))
+                graph.call_function(ops.evict, (waited[param.placeholder].args[0],))
 
     _spill(parent, plan, rt, calls, issue_point)
 
@@ -129,7 +130,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: run.Runtime) -> 
     def back(value: Any, index: int) -> Any:
         if isinstance(value, torch.fx.Node) and device_of.get(value, "cpu") != home[index]:
             with graph.inserting_before(output):
-                return graph.call_function(run.transfer, (rt, value, home[index]))
+                return graph.call_function(ops.transfer, (rt, value, home[index]))
         return value
 
     (results,) = output.args
@@ -159,15 +160,15 @@ def _param_on_device(
         key = (arg, device)
         if key not in moved:
             with graph.inserting_before(call):
-                moved[key] = graph.call_function(run.resident, (rt, arg, ref.fqn, device))
+                moved[key] = graph.call_function(ops.resident, (rt, arg, ref.fqn, device))
         return moved[key]
     if ref.placeholder not in waited:
         # -1 (the start of the run) also lands on the first call
         issue_at = issue_point(plan.native.param_issue_segment[pid])
         with graph.inserting_before(issue_at):
-            handle = graph.call_function(run.prefetch, (rt, arg, ref.fqn, device))
+            handle = graph.call_function(ops.prefetch, (rt, arg, ref.fqn, device))
         with graph.inserting_before(call):
-            waited[ref.placeholder] = graph.call_function(run.wait, (handle,))
+            waited[ref.placeholder] = graph.call_function(ops.wait, (handle,))
     return waited[ref.placeholder]
 
 
@@ -205,11 +206,11 @@ def _spill(
         if not later:
             continue
         with graph.inserting_after(value):
-            handle = graph.call_function(run.spill, (rt, value, name))
+            handle = graph.call_function(ops.spill, (rt, value, name))
         with graph.inserting_before(issue_point(reload_segment)):
-            reloading = graph.call_function(run.reload, (rt, handle, name, plan.node_device(nid)))
+            reloading = graph.call_function(ops.reload, (rt, handle, name, plan.node_device(nid)))
         with graph.inserting_before(later[0]):
-            back = graph.call_function(run.wait, (reloading,))
+            back = graph.call_function(ops.wait, (reloading,))
         for user in later:
             user.replace_input_with(value, back)
 

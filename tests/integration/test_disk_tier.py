@@ -250,11 +250,13 @@ def test_a_tight_budget_reads_each_weight_when_its_layer_starts(tmp_path: Path) 
     code = compiled.graphs[0].module.code
     # each prefetch is waited for right away, before the segment that issued it
     lines = [
-        line.strip() for line in code.splitlines() if "_run_prefetch" in line or "_run_wait" in line
+        line.strip()
+        for line in code.splitlines()
+        if "_run_ops_prefetch" in line or "_run_ops_wait" in line
     ]
     for issue, wait in zip(lines[::2], lines[1::2], strict=True):
         handle = issue.split(" = ")[0]
-        assert "_run_prefetch" in issue and f"_run_wait({handle})" in wait
+        assert "_run_ops_prefetch" in issue and f"_run_ops_wait({handle})" in wait
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(compiled(x), expected)

@@ -22,7 +22,7 @@ import tensortorrent as tt
 from tensortorrent_dynamo.backend import CompiledGraph
 from tensortorrent_dynamo.io.locations import VERIFY_BLOCK_BYTES, TensorLocation
 from tensortorrent_dynamo.io.store import OffloadStore
-from tensortorrent_dynamo.run.runtime import DiskTier
+from tensortorrent_dynamo.run.residents import DiskTier
 from tests.models import mlp, param_bytes
 
 FAST_VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}

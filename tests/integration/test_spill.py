@@ -41,7 +41,7 @@ def test_a_long_skip_is_spilled_when_holding_it_does_not_fit() -> None:
             torch.testing.assert_close(compiled(inputs), model(inputs))
     assert compiled.measured_peaks()["virtual:0"] <= budget
     code = graph.module.code
-    assert code.index("run_spill") < code.index("run_reload") < code.index("submod_5(")
+    assert code.index("run_ops_spill") < code.index("run_ops_reload") < code.index("submod_5(")
     text = compiled.explain()
     assert "spilled activations (1, 512.00 KiB" in text
     assert "mul (512.00 KiB, made in submod_1, back when submod_4 starts)" in text
@@ -68,9 +68,10 @@ def test_a_skip_also_used_next_is_reloaded_only_for_its_later_use() -> None:
     code = graph.module.code
     # the second layer reads the skip as made (the first segment's output), after the copy
     # out has started; the last layer reads the reloaded copy
-    assert code.index("run_spill(tt_runtime, submod_1, 'relu')") < code.index("self.submod_2(")
+    assert code.index("run_ops_spill(tt_runtime, submod_1, 'relu')") < code.index("self.submod_2(")
     assert "submod_1)" in next(line for line in code.splitlines() if "self.submod_2(" in line)
-    assert code.index("self.submod_2(") < code.index("run_reload") < code.index("self.submod_6(")
+    reload_at = code.index("run_ops_reload")
+    assert code.index("self.submod_2(") < reload_at < code.index("self.submod_6(")
 
 
 def test_nothing_is_spilled_with_room_to_hold_it() -> None:
@@ -78,6 +79,6 @@ def test_nothing_is_spilled_with_room_to_hold_it() -> None:
     compiled = tt.compile(model, example_inputs=(x,), **_options(7 * MIB + MIB // 4))
     (graph,) = compiled.graphs
     assert graph.plan.spilled_nodes() == []
-    assert "run_spill" not in graph.module.code
+    assert "run_ops_spill" not in graph.module.code
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))

@@ -1,4 +1,4 @@
-"""One layout rule: every copy lands as ``run.landing`` lays it out, and segments are
+"""One layout rule: every copy lands as ``landing`` lays it out, and segments are
 compiled for the layout they receive."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tensortorrent_dynamo.compiling.segments import _fake_inputs
-from tensortorrent_dynamo.run import runtime as run
+from tensortorrent_dynamo.run.copies import landing
+from tensortorrent_dynamo.run.ops import transfer
+from tensortorrent_dynamo.run.runtime import Runtime
+from tensortorrent_dynamo.run.virtual import VirtualDevice
 
 
 def _values() -> dict[str, torch.Tensor]:
@@ -25,9 +28,9 @@ def _values() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", list(_values()))
 def test_every_copy_lands_in_the_layout_of_landing(kind: str) -> None:
     value = _values()[kind]
-    want = run.landing(value).stride()
-    device = run.VirtualDevice("virtual:0", 1 << 20)
-    runtime = run.Runtime({"virtual:0": device})
+    want = landing(value).stride()
+    device = VirtualDevice("virtual:0", 1 << 20)
+    runtime = Runtime({"virtual:0": device})
     on_device = runtime.move(value, "virtual:0", "activation")
     back = runtime.move(on_device, "cpu", "activation")
     pooled = device.take(value, "streamed")
@@ -60,7 +63,7 @@ def test_a_segment_is_compiled_for_the_layout_a_transfer_gives_it() -> None:
     for name in fakes:
         x = parent_graph.placeholder(name)
         if name in ("slice", "transposed"):
-            x = parent_graph.call_function(run.transfer, (rt, x, "cpu"))
+            x = parent_graph.call_function(transfer, (rt, x, "cpu"))
         args.append(x)
     parent_graph.output(parent_graph.call_module("submod_0", tuple(args)))
     root = torch.nn.Module()
@@ -68,7 +71,7 @@ def test_a_segment_is_compiled_for_the_layout_a_transfer_gives_it() -> None:
     parent = torch.fx.GraphModule(root, parent_graph)
 
     got = dict(zip(fakes, _fake_inputs(parent, "submod_0"), strict=True))
-    assert got["slice"].stride() == run.landing(values["slice"]).stride()  # made contiguous
+    assert got["slice"].stride() == landing(values["slice"]).stride()  # made contiguous
     assert got["slice"].stride() != values["slice"].stride()
     assert got["transposed"].stride() == values["transposed"].stride()  # dense: kept
     assert got["expanded"] is fakes["expanded"]  # not a copy: as traced

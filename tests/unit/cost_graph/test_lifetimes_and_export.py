@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tensortorrent_dynamo.cost_graph import CostGraph, build_cost_graph
 from tensortorrent_dynamo.errors import CostGraphFormatError
-from tensortorrent_dynamo.run.runtime import VirtualDevice
+from tensortorrent_dynamo.run.virtual import VirtualDevice
 from tests.models import TransformerBlock, mlp
 
 

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from tensortorrent_dynamo.errors import VirtualDeviceOutOfMemory
-from tensortorrent_dynamo.run.runtime import Recorder, Runtime, VirtualDevice, reload, spill, wait
+from tensortorrent_dynamo.run.ops import reload, spill, wait
+from tensortorrent_dynamo.run.record import Recorder
+from tensortorrent_dynamo.run.runtime import Runtime
+from tensortorrent_dynamo.run.virtual import VirtualDevice, VirtualEngine
 
 
 def test_ledger_follows_tensor_lifetimes() -> None:
@@ -36,7 +39,7 @@ def test_copies_are_real_and_owned() -> None:
     assert dev.owns(copy) and not dev.owns(src)
     torch.testing.assert_close(copy, src)
     recorder = Recorder()
-    handle = dev.copy_in_async(lambda: src, src, "y", recorder)
+    handle = VirtualEngine(dev, recorder).prefetch(lambda: src, src, "y")
     torch.testing.assert_close(handle.result(), src)
     assert dev.owns(handle.result())
     (event,) = recorder.events
@@ -66,12 +69,12 @@ def test_over_capacity_fails_like_an_oom() -> None:
 
 def test_streamed_buffers_are_reused_not_reallocated() -> None:
     dev = VirtualDevice("virtual:0", capacity=10_000)
-    recorder = Recorder()
-    first = dev.copy_in_async(lambda: torch.ones(100), torch.ones(100), "w", recorder)
+    engine = VirtualEngine(dev, Recorder())
+    first = engine.prefetch(lambda: torch.ones(100), torch.ones(100), "w")
     ptr = first.result().data_ptr()
     first.release()
     assert dev.ledger.live == 400, "an idle buffer stays on the device, in the pool"
-    second = dev.copy_in_async(lambda: torch.zeros(10, 10), torch.zeros(10, 10), "w", recorder)
+    second = engine.prefetch(lambda: torch.zeros(10, 10), torch.zeros(10, 10), "w")
     assert second.result().data_ptr() == ptr and second.result().shape == (10, 10)
     torch.testing.assert_close(second.result(), torch.zeros(10, 10))
     assert dev.ledger.live == 400 and dev.ledger.peak == 400
@@ -82,7 +85,7 @@ def test_streamed_buffers_are_reused_not_reallocated() -> None:
 
 def test_idle_buffers_are_dropped_before_running_out_of_memory() -> None:
     dev = VirtualDevice("virtual:0", capacity=1000)
-    handle = dev.copy_in_async(lambda: torch.ones(200), torch.ones(200), "w", Recorder())
+    handle = VirtualEngine(dev, Recorder()).prefetch(lambda: torch.ones(200), torch.ones(200), "w")
     handle.release()
     assert dev.ledger.live == 800
     other = dev.copy_in(torch.ones(100), "x")  # needs 400: the idle 800 go first

@@ -1,0 +1,118 @@
+"""The ops the rewritten graph calls, and :class:`Segment`, the module each compiled
+subgraph runs in.
+
+The rewritten parent graph calls :func:`transfer`, :func:`resident`, :func:`prefetch`,
+:func:`wait`, :func:`evict`, :func:`spill` and :func:`reload` on the
+:class:`~.runtime.Runtime` it holds as ``self.tt_runtime``; ``print(gm.code)`` therefore
+reads as the schedule.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_map
+
+from .handles import PrefetchHandle
+from .record import Recorder
+from .runtime import Runtime
+from .virtual import VirtualDevice
+
+
+def transfer(rt: Runtime, value: Any, device: str) -> Any:
+    """Copy every tensor in ``value`` to ``device`` (a no-op for tensors already there)."""
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and rt.owner(leaf) != device:
+            return rt.move(leaf, device, "activation")
+        return leaf
+
+    return tree_map(one, value)
+
+
+def resident(rt: Runtime, param: torch.Tensor, key: str, device: str) -> torch.Tensor:
+    """The copy of ``param`` kept on ``device`` for the whole run."""
+    return rt.resident_copy(key, param, device)
+
+
+def prefetch(rt: Runtime, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
+    """Start copying a streamed parameter to ``device``; returns at once."""
+    return rt.prefetch(param, key, device)
+
+
+def wait(handle: Any) -> Any:
+    """The prefetched parameter (or reloaded activation), once its copy has landed; for
+    a tuple or list of handles (an activation made of several tensors), each one's."""
+    if isinstance(handle, PrefetchHandle):
+        return handle.result()
+    return tree_map(lambda h: h.result() if isinstance(h, PrefetchHandle) else h, handle)
+
+
+def evict(handle: PrefetchHandle) -> None:
+    """Hand a streamed parameter's buffer back for reuse after its last use."""
+    handle.release()
+
+
+def spill(rt: Runtime, value: Any, what: str) -> Any:
+    """Start copying an activation (each tensor of it) to host memory, so its device can
+    drop it."""
+    return tree_map(lambda t: rt.spill(t, what) if isinstance(t, torch.Tensor) else t, value)
+
+
+def reload(rt: Runtime, spilled: Any, what: str, device: str) -> Any:
+    """Start copying a spilled activation (each tensor of it) back to ``device`` for its
+    next use."""
+
+    def one(h: Any) -> Any:
+        return rt.reload(h, device, what) if isinstance(h, PrefetchHandle) else h
+
+    return tree_map(one, spilled)
+
+
+for _op in (prefetch, evict):
+    torch.fx.node.has_side_effect(_op)
+
+
+class Segment(torch.nn.Module):
+    """One device's compiled subgraph, run inside that device's accounting."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        device: str,
+        virtual: VirtualDevice | None,
+        compiler: str,
+        recorder: Recorder,
+    ) -> None:
+        super().__init__()
+        self.fn = fn
+        self.name = name
+        self.device = device
+        self.virtual = virtual
+        self.compiler = compiler
+        self.recorder = recorder
+        # the uncompiled subgraph, and whether to run it instead of ``fn`` (when it was
+        # measured faster)
+        self.eager_fn: Callable[..., Any] = fn
+        self.use_eager = False
+
+    def forward(self, *args: Any) -> Any:
+        start = self.recorder.now()
+        fn = self.eager_fn if self.use_eager else self.fn
+        try:
+            if self.virtual is None:
+                out = fn(*args)
+            else:
+                with self.virtual.executing():
+                    out = fn(*args)
+        except Exception as exc:
+            if sys.version_info >= (3, 11):
+                exc.add_note(f"in TensorTorrent segment {self.name} on {self.device}")
+            raise
+        self.recorder.add(f"compute {self.device}", "segment", self.name, start)
+        return out

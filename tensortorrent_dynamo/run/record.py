@@ -1,0 +1,83 @@
+"""What a call measured: the spans of compute, copies and reads (:class:`Recorder`), and
+the process's resident set size (:func:`rss_bytes`, :class:`RssSampler`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+import psutil
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredEvent:
+    """One span of the last run: which resource did what, in seconds from the call start."""
+
+    resource: str
+    kind: str
+    label: str
+    start_s: float
+    end_s: float
+
+
+class Recorder:
+    """Measured spans of the latest call (compute per device, copies per link)."""
+
+    def __init__(self) -> None:
+        self.events: list[MeasuredEvent] = []
+        self._origin = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def restart(self) -> None:
+        with self._lock:
+            self.events = []
+            self._origin = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def add(self, resource: str, kind: str, label: str, start_s: float) -> None:
+        event = MeasuredEvent(resource, kind, label, start_s, self.now())
+        with self._lock:
+            self.events.append(event)
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (``/proc/self/statm``; psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except OSError:
+        return int(psutil.Process().memory_info().rss)
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class RssSampler:
+    """The peak resident set size of this process while the block runs, sampled every
+    ``interval_s`` by a background thread (a peak shorter than that can be missed)."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> RssSampler:
+        self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._sample, name="tt-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())

@@ -1,0 +1,93 @@
+"""What a session keeps for its graphs: the parameters whose home is disk and the reader
+that fetches them (:class:`DiskTier`), and the copies of parameters kept on a device for
+the whole run (:class:`ResidentCopies`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import weakref
+from collections.abc import Callable, Mapping
+
+import torch
+
+from ..io.locations import FileGuard, TensorLocation
+from ..io.pool import HostBufferPool
+from ..io.reader import DiskReader, ReadResult
+from .handles import DEFAULT_IO_TIMEOUT_S, wait_for
+
+
+@dataclasses.dataclass
+class DiskTier:
+    """Parameters whose home is disk: where each one is, and the reader that fetches them
+    into pooled host buffers (page cache bypassed)."""
+
+    locations: dict[str, TensorLocation]
+    reader: DiskReader
+    pool: HostBufferPool
+    timeout_s: float = DEFAULT_IO_TIMEOUT_S
+    # the guards of the files ``locations`` are in, each once
+    guards: list[FileGuard] = dataclasses.field(default_factory=list)
+
+    def add(self, locations: Mapping[str, TensorLocation]) -> None:
+        """Know where ``locations`` are too."""
+        self.locations.update(locations)
+        for location in locations.values():
+            guard = location.guard
+            if guard is not None and all(guard is not g for g in self.guards):
+                self.guards.append(guard)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`OffloadCorruptError` when a file the weights are read from was
+        deleted, replaced or written since it was planned with (one ``stat`` per file)."""
+        for guard in self.guards:
+            guard.check_unchanged()
+
+    def read(self, key: str) -> concurrent.futures.Future[ReadResult]:
+        """Start reading the parameter ``key`` into a pooled host buffer."""
+        return self.reader.submit(self.locations[key])
+
+    def landed(self, key: str, read: concurrent.futures.Future[ReadResult]) -> ReadResult:
+        """The finished read ``read`` of ``key``; :class:`CopyTimeout` when it is stuck."""
+        location = self.locations[key]
+        return wait_for(read, self.timeout_s, f"reading {key!r} from {location.path}")
+
+    def read_now(self, key: str) -> torch.Tensor:
+        """The parameter ``key`` read into a host tensor of its own, of its exact size (the
+        pooled read buffer, aligned and padded for ``O_DIRECT``, goes back to the pool)."""
+        read = self.landed(key, self.read(key))
+        tensor = read.tensor.clone()
+        self.pool.give(read.buffer)
+        return tensor
+
+
+class ResidentCopies:
+    """The copies of parameters kept on a device for the whole run, by parameter and device.
+
+    A copy is valid while its parameter is alive and unchanged (same ``_version``).
+    """
+
+    def __init__(self) -> None:
+        # (id(param), device) -> (fqn, copy, the parameter, its version when copied)
+        self._copies: dict[
+            tuple[int, str], tuple[str, torch.Tensor, weakref.ref[torch.Tensor], int]
+        ] = {}
+
+    def get(self, param: torch.Tensor, device: str) -> torch.Tensor | None:
+        entry = self._copies.get((id(param), device))
+        if entry is None or entry[2]() is not param or entry[3] != param._version:
+            return None
+        return entry[1]
+
+    def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
+        self._copies[(id(param), device)] = (fqn, copy, weakref.ref(param), param._version)
+
+    def copies(self) -> list[tuple[str, torch.Tensor]]:
+        """(fqn, copy) of every copy whose parameter is still alive."""
+        return [(fqn, copy) for fqn, copy, ref, _ in self._copies.values() if ref() is not None]
+
+    def evict(self, keep: Callable[[str, str], bool]) -> list[str]:
+        """Drop the copies for which ``keep(fqn, device)`` is false (their memory is freed
+        once nothing else uses them); returns their fqns."""
+        dropped = [key for key, entry in self._copies.items() if not keep(entry[0], key[1])]
+        return [self._copies.pop(key)[0] for key in dropped]

@@ -1,0 +1,266 @@
+"""The virtual accelerator (``virtual:N``): a device that executes on the CPU, but every
+tensor it holds is a real copy registered in its own :class:`MemoryLedger`; the ledger
+follows the tensors' real lifetimes (weak references on their storages), so its peak is
+measured, not predicted, and an allocation past the capacity fails like an
+out-of-memory error on a real device. :class:`VirtualEngine` is its copy engine: every
+copy it makes is accounted on the device.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..errors import VirtualDeviceOutOfMemory
+from ..io.locations import TensorLocation
+from ..units import format_bytes
+from .copies import CopyEngine, landing
+from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle, wait_for
+from .record import Recorder
+
+
+class MemoryLedger:
+    """Live and peak bytes of one device, thread-safe."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.live = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def allocate(self, nbytes: int, what: str) -> None:
+        with self._lock:
+            if self.live + nbytes > self.capacity:
+                raise VirtualDeviceOutOfMemory(
+                    f"{self.name}: cannot allocate {format_bytes(nbytes)} for {what}; "
+                    f"{format_bytes(self.live)} of {format_bytes(self.capacity)} in use. "
+                    "The plan's memory estimate was too low: raise the budget or report a bug."
+                )
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def free(self, nbytes: int) -> None:
+        with self._lock:
+            self.live -= nbytes
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.live
+
+
+class VirtualDevice:
+    """A CPU-backed accelerator with its own ledger and its copy threads (host-to-device
+    and device-to-host, each copying in issue order), shared by the graphs of a session."""
+
+    def __init__(self, name: str, capacity: int, timeout_s: float = DEFAULT_IO_TIMEOUT_S) -> None:
+        self.name = name
+        self.ledger = MemoryLedger(name, capacity)
+        self.timeout_s = timeout_s
+        # storage data_ptr -> [nbytes, number of live tensors using it]
+        self._storages: dict[int, list[int]] = {}
+        self._tensors: dict[int, Any] = {}
+        # nbytes -> idle flat uint8 buffers of streamed parameters, reused across calls
+        self._idle: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.h2d = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"tt-{name}-h2d"
+        )
+        self.d2h = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"tt-{name}-d2h"
+        )
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        with self._lock:
+            return tensor.untyped_storage().data_ptr() in self._storages
+
+    def adopt(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Account ``tensor`` on this device until it is garbage collected.
+
+        When the device is full, idle pooled buffers are dropped first (as a caching
+        allocator frees its cache before reporting out of memory).
+        """
+        try:
+            self._account(tensor, what)
+        except VirtualDeviceOutOfMemory:
+            if not self.trim():
+                raise
+            self._account(tensor, what)
+        return tensor
+
+    def _account(self, tensor: torch.Tensor, what: str) -> None:
+        storage = tensor.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes == 0:
+            return
+        with self._lock:
+            if id(tensor) in self._tensors:
+                return
+            entry = self._storages.get(ptr)
+            if entry is None:
+                self.ledger.allocate(nbytes, what)
+                self._storages[ptr] = [nbytes, 1]
+            else:
+                entry[1] += 1
+            self._tensors[id(tensor)] = weakref.finalize(tensor, self._release, id(tensor), ptr)
+
+    def take(self, like: torch.Tensor | TensorLocation, what: str) -> torch.Tensor:
+        """A buffer shaped like ``like`` (a tensor or a disk location): an idle one of the
+        same size from the pool when there is one, else a new one on this device."""
+        dtype, shape = like.dtype, tuple(like.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        with self._lock:
+            idle = self._idle.get(nbytes)
+            flat = idle.pop() if idle else None
+        if flat is None:
+            flat = self.adopt(torch.empty(nbytes, dtype=torch.uint8), what)
+        # every tensor object over the buffer is adopted: the ledger frees the storage
+        # only when the last of them is gone
+        if isinstance(like, torch.Tensor):  # the layout every copy lands in
+            strides = landing(like, device="meta").stride()
+            return self.adopt(flat.view(dtype).as_strided(shape, strides), what)
+        return self.adopt(flat.view(dtype).view(shape), what)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """Return a buffer from :meth:`take` to the pool, for the next call to reuse."""
+        flat = self.adopt(buffer.view(-1).view(torch.uint8), "idle buffer")
+        with self._lock:
+            self._idle.setdefault(flat.numel(), []).append(flat)
+
+    def trim(self) -> int:
+        """Drop every idle pooled buffer; returns how many were dropped."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        dropped = sum(len(buffers) for buffers in idle.values())
+        idle.clear()  # outside the lock: the ledger's finalizers take it
+        return dropped
+
+    def _release(self, tensor_id: int, ptr: int) -> None:
+        with self._lock:
+            self._tensors.pop(tensor_id, None)
+            entry = self._storages[ptr]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._storages[ptr]
+                self.ledger.free(entry[0])
+
+    def copy_in(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """A real copy of ``tensor`` held by this device."""
+        buffer = landing(tensor)
+        self.adopt(buffer, what)
+        return buffer.copy_(tensor)
+
+    @contextmanager
+    def executing(self) -> Iterator[None]:
+        """Account every tensor produced while the block runs on this device."""
+        with _AdoptOutputs(self):
+            yield
+
+
+class _AdoptOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self, device: VirtualDevice) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.device = device
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, torch.Tensor):
+                self.device.adopt(leaf, f"output of {func}")
+        return out
+
+
+class VirtualEngine(CopyEngine):
+    """The copy engine of ``virtual``: copies are real CPU copies, made on the device's
+    copy threads and accounted in its ledger; streamed parameters land in its pooled
+    buffers."""
+
+    def __init__(self, virtual: VirtualDevice, recorder: Recorder) -> None:
+        super().__init__(virtual.name, recorder)
+        self.virtual = virtual
+
+    def copy_in(self, tensor: torch.Tensor, what: str, source: CopyEngine) -> torch.Tensor:
+        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+        return self.virtual.copy_in(host, what)
+
+    def hand_to(self, tensor: torch.Tensor, device: str) -> torch.Tensor:
+        # the device's tensors are CPU tensors: without ``copy``, ``to("cpu")`` would hand
+        # over the device's own, still accounted here
+        return tensor.to(device, copy=True)
+
+    def prefetch(
+        self,
+        source: Callable[[], torch.Tensor],
+        like: torch.Tensor | TensorLocation,
+        what: str,
+        after: Callable[[], None] | None = None,
+    ) -> PrefetchHandle:
+        """Copy ``source()`` (run on the device's copy thread, in issue order) into a pooled
+        buffer, given back when the handle is released; ``after`` runs on the thread once
+        the copy is done."""
+        virtual, recorder = self.virtual, self.recorder
+        buffer = virtual.take(like, what)
+
+        def copy() -> None:
+            try:
+                data = source()
+                start = recorder.now()
+                buffer.copy_(data)
+                recorder.add(f"h2d {virtual.name}", "prefetch", what, start)
+            finally:
+                if after is not None:
+                    after()
+
+        future = virtual.h2d.submit(copy)
+        wait = f"the copy of {what} to {virtual.name}"
+        return PrefetchHandle(
+            finish=lambda: (wait_for(future, virtual.timeout_s, wait), buffer)[1],
+            release=lambda: virtual.give(buffer),
+        )
+
+    def spill(self, tensor: torch.Tensor, what: str) -> PrefetchHandle:
+        """Copy ``tensor`` to host memory on the device's device-to-host thread; once
+        copied, the thread holds no reference to it."""
+        virtual, recorder = self.virtual, self.recorder
+
+        def copy() -> torch.Tensor:
+            start = recorder.now()
+            host = landing(tensor).copy_(tensor)  # on the engine's thread: not accounted here
+            recorder.add(f"d2h {virtual.name}", "spill", what, start)
+            return host
+
+        future = virtual.d2h.submit(copy)
+        wait = f"the spill of {what} from {virtual.name}"
+        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait))
+
+    def reload(self, spilled: PrefetchHandle, what: str) -> PrefetchHandle:
+        """Copy the spilled host copy into a new buffer of the device on its copy thread, in
+        issue order (not pooled)."""
+        virtual, recorder = self.virtual, self.recorder
+        source = spilled.result
+
+        def copy() -> torch.Tensor:
+            data = source()
+            start = recorder.now()
+            buffer = virtual.copy_in(data, what)
+            recorder.add(f"h2d {virtual.name}", "reload", what, start)
+            return buffer
+
+        future = virtual.h2d.submit(copy)
+        wait = f"the reload of {what} to {virtual.name}"
+        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait))
