@@ -45,6 +45,7 @@ mod error;
 mod exhaustive;
 mod graph;
 mod hash;
+mod placement;
 mod plan;
 mod simulate;
 

@@ -41,7 +41,6 @@ mod local_search;
 mod report;
 mod residency;
 mod search;
-mod segments;
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -49,12 +48,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use report::{Report, StopReason};
-pub(crate) use segments::{buffer_peak, segment, streamable, Placement, Segmentation, HOST};
 
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
+use crate::placement::{buffer_peak, Placement, HOST};
 use crate::simulate::{check_depth, checked_placement, run, Record, Simulation};
 use search::{Evaluated, Search, Trial};
 

@@ -43,7 +43,7 @@ pub use timeline::{Activity, Record, Resource};
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::{CostGraph, Tier};
-use crate::plan::{segment, Placement, Segmentation, HOST};
+use crate::placement::{segment, Placement, Segmentation, HOST};
 
 /// What one simulation measured.
 #[derive(Debug, Clone, PartialEq)]
