@@ -25,8 +25,8 @@
 
 use crate::graph::CostGraph;
 use crate::placement::{streamable, Placement};
+use crate::plan::objective::Score;
 use crate::plan::search::{Search, Trial};
-use crate::plan::Score;
 
 /// Largest graph whose single nodes are moved one by one.
 const NODE_MOVES_MAX: usize = 4096;

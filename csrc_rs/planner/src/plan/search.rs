@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::graph::CostGraph;
 use crate::placement::{segment_windowed, Placement, Segmentation, HOST};
 use crate::plan::report::StopReason;
-use crate::plan::Family;
+use crate::plan::types::Family;
 use crate::simulate::{Simulation, Workspace};
 
 /// A simulated candidate.
