@@ -290,12 +290,22 @@ def replay(
     *,
     value_spilled: Sequence[bool] = ...,
     prefetch_depth: int = 1,
+    prefetch_window_bytes: int = 0,
+    search_prefetch_depth: int | None = None,
     memory_slack: float = ...,
 ) -> Plan:
-    """The plan a search that chose ``name`` with this placement made, rebuilt without
-    searching (same plan, same hash): for plans saved or cached by their decisions.
-    Raises ``InvalidPlacement`` for a placement that does not fit the graph and
-    ``PlanInfeasible`` when it does not fit the budgets.
+    """The plan a search made, rebuilt from its decisions without searching (same
+    plan, same hash): for plans saved or cached by their decisions.
+
+    ``name`` (the chosen candidate's) is only a label; ``prefetch_depth`` and
+    ``prefetch_window_bytes`` are the plan's recorded ones (``Plan.prefetch_depth``,
+    0 for a synchronous candidate, and ``Plan.prefetch_window_bytes``);
+    ``search_prefetch_depth`` is the depth the search was configured with (``plan``'s
+    ``prefetch_depth``), by default the recorded depth, or 1 when that is 0. ``graph``
+    is the graph planned, homes included: the split graph when ``Plan.split``, with
+    each parameter's home as in ``Plan.param_home``. Raises ``InvalidPlacement`` for a
+    placement that does not fit the graph and ``PlanInfeasible`` when it does not fit
+    the budgets.
     """
 
 def simulate(

@@ -282,10 +282,16 @@ pub(crate) fn plan(
     wrap(py, planned, devices)
 }
 
-/// The plan a search that chose `name` with this placement made, rebuilt
-/// without searching (same plan, same hash): for plans saved or cached by
-/// their decisions. Raises `InvalidPlacement` for a placement that does not
-/// fit the graph and `PlanInfeasible` when it does not fit the budgets.
+/// The plan a search made, rebuilt from its decisions without searching
+/// (same plan, same hash): for plans saved or cached by their decisions.
+/// `name` (the chosen candidate) is only a label; `prefetch_depth` and
+/// `prefetch_window_bytes` are the plan's recorded ones (depth 0 for a
+/// synchronous candidate); `search_prefetch_depth` is the depth the search
+/// was configured with (`plan(prefetch_depth=...)`), by default the recorded
+/// depth, or 1 when that is 0. `graph` is the graph planned, homes included
+/// (the split graph for a plan whose `split` is set). Raises
+/// `InvalidPlacement` for a placement that does not fit the graph and
+/// `PlanInfeasible` when it does not fit the budgets.
 #[pyfunction]
 #[pyo3(signature = (
     graph,
@@ -298,6 +304,8 @@ pub(crate) fn plan(
     *,
     value_spilled = Vec::new(),
     prefetch_depth = 1,
+    prefetch_window_bytes = 0,
+    search_prefetch_depth = None,
     memory_slack = Planner::DEFAULT_MEMORY_SLACK,
 ))]
 // PyO3 extracts Python sequences into owned vectors; the core borrows them.
@@ -313,9 +321,12 @@ pub(crate) fn replay(
     param_streamed: Vec<bool>,
     value_spilled: Vec<bool>,
     prefetch_depth: u32,
+    prefetch_window_bytes: u64,
+    search_prefetch_depth: Option<u32>,
     memory_slack: f64,
 ) -> PyResult<PyPlan> {
-    let configured = planner(py, objective, host_compute, prefetch_depth, memory_slack)?;
+    let configured_depth = search_prefetch_depth.unwrap_or(prefetch_depth.max(1));
+    let configured = planner(py, objective, host_compute, configured_depth, memory_slack)?;
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
@@ -327,6 +338,8 @@ pub(crate) fn replay(
                 &node_device,
                 &param_streamed,
                 &value_spilled,
+                prefetch_depth,
+                prefetch_window_bytes,
             )
         })
         .map_err(|e| to_py_err(py, &e))?;

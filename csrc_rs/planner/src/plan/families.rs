@@ -115,17 +115,9 @@ pub(crate) fn knapsack_family(s: &mut Search) {
 }
 
 /// Marks a candidate whose prefetches fill a window of buffers:
-/// `<name>/window-<N>KiB`, the window being N KiB. [`Planner::replay`](crate::Planner::replay)
-/// replays such a name with its window.
+/// `<name>/window-<N>KiB`, the window being N KiB (the plan's
+/// `prefetch_window_bytes`).
 pub const WINDOW_PREFIX: &str = "/window-";
-
-/// The prefetch window a candidate's name gives (0 for none).
-pub(crate) fn window_of(name: &str) -> u64 {
-    name.rsplit_once(WINDOW_PREFIX)
-        .and_then(|(_, w)| w.strip_suffix("KiB"))
-        .and_then(|kib| kib.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
 
 /// Prefetch windows worth trying on device `a` for the all-streamed trial
 /// `streamed` (at depth 1): its double buffer's peak `p` widened by an
@@ -150,8 +142,7 @@ fn windows(s: &Search, a: u32, streamed: &Trial) -> Vec<u64> {
 /// Suffix of a candidate whose segments read their own streamed parameters
 /// when they start (prefetch depth 0): one read buffer instead of two, so
 /// more of a tight host budget is left for parameters kept in memory, at the
-/// price of reads no longer overlapping compute. [`Planner::replay`](crate::Planner::replay) replays
-/// such a name at depth 0.
+/// price of reads no longer overlapping compute (the plan's `prefetch_depth` is 0).
 pub const SYNC_SUFFIX: &str = "-sync";
 
 /// Lists a DP placement with its residency by knapsack (or everything

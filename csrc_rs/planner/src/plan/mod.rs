@@ -58,7 +58,6 @@ use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
 use crate::placement::{Placement, HOST};
 use crate::simulate::{check_depth, checked_placement, run};
-use families::window_of;
 use objective::{accelerator_peak, Goal, Score};
 use search::{Evaluated, Search, Trial};
 
@@ -175,13 +174,7 @@ impl Planner {
     ///   the smallest budgets that would make one fit.
     pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
         validate_devices(devices)?;
-        check_depth(self.prefetch_depth)?;
-        if !(self.memory_slack.is_finite() && self.memory_slack >= 0.0) {
-            return Err(PlanError::InvalidOptions(format!(
-                "memory_slack is {}; it must be finite and non-negative",
-                self.memory_slack
-            )));
-        }
+        self.check_options()?;
         let mut s = Search::new(
             graph,
             devices,
@@ -208,14 +201,29 @@ impl Planner {
     }
 
     /// The plan made of a known placement, without searching: the same plan
-    /// (and hash) as the search that chose `name` with this placement.
+    /// (and hash) as the search that chose it, given the decisions that plan
+    /// records.
+    ///
+    /// `name` is only a label (the chosen candidate's name, hashed as the
+    /// search hashes it); what is simulated is the placement (`node_device`,
+    /// `param_streamed`, and `value_spilled`: the plan's per-node spill
+    /// flags, or empty for none) at the recorded `prefetch_depth` (0 for a
+    /// candidate whose segments read their own parameters) with the recorded
+    /// `prefetch_window_bytes` (0 for none): a [`Plan`]'s `prefetch_depth`
+    /// and `prefetch_window_bytes`. The planner itself is configured as the
+    /// search was (its own prefetch depth, at least 1, is hashed as the
+    /// search hashes it).
+    ///
+    /// `graph` is the graph the plan was made for, homes included: for a
+    /// plan whose `split` is set, the split graph, and in any case with each
+    /// parameter's home set to the plan's `param_home`.
     ///
     /// # Errors
     /// * [`PlanError::InvalidDevices`] or [`PlanError::InvalidPlacement`] for
     ///   a malformed device list or placement;
+    /// * [`PlanError::InvalidOptions`] for a configured prefetch depth of 0
+    ///   or a negative or non-finite memory slack;
     /// * [`PlanError::Infeasible`] when the placement does not fit the budgets.
-    ///
-    /// `value_spilled` is the plan's per-node spill flags, or empty for none.
     pub fn replay(
         &self,
         graph: &CostGraph,
@@ -224,9 +232,11 @@ impl Planner {
         node_device: &[u32],
         param_streamed: &[bool],
         value_spilled: &[bool],
+        prefetch_depth: u32,
+        prefetch_window_bytes: u64,
     ) -> Result<Plan, PlanError> {
         validate_devices(devices)?;
-        check_depth(self.prefetch_depth)?;
+        self.check_options()?;
         let placement =
             checked_placement(graph, devices, node_device, param_streamed, value_spilled)?;
         let mut s = Search::new(
@@ -237,12 +247,7 @@ impl Planner {
             0,
             None,
         );
-        let depth = if name.split('/').any(|part| part.ends_with(SYNC_SUFFIX)) {
-            0
-        } else {
-            self.prefetch_depth
-        };
-        let trial = s.simulate_windowed(placement, depth, window_of(name));
+        let trial = s.simulate_windowed(placement, prefetch_depth, prefetch_window_bytes);
         let index = s.add(name.to_string(), Family::Replayed, trial, false);
         if !s.candidates[index].feasible() {
             return Err(infeasible(&s.candidates, devices, self.host_compute));
@@ -253,6 +258,18 @@ impl Planner {
             nodes_simulated: s.nodes_simulated,
         };
         Ok(self.finish(graph, devices, &s.candidates, index, report))
+    }
+
+    /// Checks the configured prefetch depth and memory slack.
+    fn check_options(&self) -> Result<(), PlanError> {
+        check_depth(self.prefetch_depth)?;
+        if !(self.memory_slack.is_finite() && self.memory_slack >= 0.0) {
+            return Err(PlanError::InvalidOptions(format!(
+                "memory_slack is {}; it must be finite and non-negative",
+                self.memory_slack
+            )));
+        }
+        Ok(())
     }
 
     /// The score local search minimises for this objective.
