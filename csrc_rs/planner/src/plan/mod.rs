@@ -162,17 +162,58 @@ impl Planner {
         })
     }
 
-    /// Plans `graph` over `devices`.
+    /// Plans `graph` over `devices`: [`Planner::run_with_split`] without a
+    /// split graph.
+    ///
+    /// # Errors
+    /// See [`Planner::run_with_split`].
+    pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
+        self.run_with_split(graph, None, devices)
+    }
+
+    /// Plans `graph` over `devices`, deciding where parameters live.
     ///
     /// `devices[0]` must be the host; the others are accelerators.
     ///
+    /// The plan keeps each parameter's home as the graph gives it, unless no
+    /// plan fits because the host budget is short (the host needs more than
+    /// its budget) while some parameter whose home is the host may move to
+    /// disk (see [`CostGraph::with_disk_allowed`]). Then the planner plans
+    /// the disk variant instead: `split` when given (the same work with large
+    /// weights cut into row chunks; then [`Plan::split`] is set and the plan's
+    /// indices refer to it), else `graph`, with every parameter of it that
+    /// may move to disk homed there. [`Plan::param_home`] says which homes
+    /// were planned.
+    ///
     /// # Errors
+    /// As the search of the graph given, or, when the disk variant was
+    /// planned, as its search:
     /// * [`PlanError::InvalidDevices`] for a malformed device list;
     /// * [`PlanError::InvalidOptions`] for a prefetch depth of 0 or a
     ///   negative or non-finite memory slack;
     /// * [`PlanError::Infeasible`] when no candidate fits the budgets, with
     ///   the smallest budgets that would make one fit.
-    pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
+    pub fn run_with_split(
+        &self,
+        graph: &CostGraph,
+        split: Option<&CostGraph>,
+        devices: &[Device],
+    ) -> Result<Plan, PlanError> {
+        let error = match self.search(graph, devices) {
+            Ok(plan) => return Ok(plan),
+            Err(error) => error,
+        };
+        if !(host_short(&error, devices) && graph.may_move_to_disk()) {
+            return Err(error);
+        }
+        let variant = split.unwrap_or(graph).moved_to_disk();
+        let mut plan = self.search(&variant, devices)?;
+        plan.split = split.is_some();
+        Ok(plan)
+    }
+
+    /// The search of `graph` with its homes as given.
+    fn search(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
         validate_devices(devices)?;
         self.check_options()?;
         let mut s = Search::new(
@@ -365,6 +406,8 @@ impl Planner {
             param_issue_segment,
             value_spilled,
             value_reload_segment,
+            param_home: g.param_home().to_vec(),
+            split: false,
             prefetch_depth: c.trial.depth,
             prefetch_window_bytes: c.trial.window,
             predicted_time_s: sim.predicted_time_s,
@@ -424,12 +467,22 @@ impl Planner {
                 h.str(t.as_str());
             }
         }
+        // The disk rate means nothing to a graph with no parameter on disk,
+        // and callers pass the measured one whatever the homes (the planner
+        // may move homes to disk): it is hashed as infinite then, as it was
+        // passed before, so that plans without disk homes keep their hashes.
+        let disk_params = g.has_disk_params();
         for (i, d) in devices.iter().enumerate() {
-            if d.mem_bytes_per_s.is_finite() || d.disk_bytes_per_s.is_finite() {
+            let disk_bytes_per_s = if disk_params {
+                d.disk_bytes_per_s
+            } else {
+                f64::INFINITY
+            };
+            if d.mem_bytes_per_s.is_finite() || disk_bytes_per_s.is_finite() {
                 h.str("rates");
                 h.u64(i as u64);
                 h.f64(d.mem_bytes_per_s);
-                h.f64(d.disk_bytes_per_s);
+                h.f64(disk_bytes_per_s);
             }
         }
         if let Some(limit) = self.node_limit {
@@ -523,6 +576,18 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.2} {}", UNITS[unit])
+}
+
+/// Whether `error` says no plan fits because the host needs more than its
+/// budget.
+fn host_short(error: &PlanError, devices: &[Device]) -> bool {
+    let PlanError::Infeasible { min_budgets, .. } = error else {
+        return false;
+    };
+    let host = &devices[HOST as usize];
+    min_budgets
+        .iter()
+        .any(|(name, bytes)| *name == host.name && *bytes > host.budget_bytes)
 }
 
 fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> PlanError {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::graph::Tier;
 use crate::plan::report::Report;
 use crate::simulate::Record;
 
@@ -101,6 +102,14 @@ pub struct Plan {
     /// early as they allow (a [`WINDOW_PREFIX`](crate::WINDOW_PREFIX) candidate); 0 when the
     /// depth alone says when.
     pub prefetch_window_bytes: u64,
+    /// The home of each parameter of the graph planned: the graph's own
+    /// homes, or, when the planner moved parameters to disk (see
+    /// [`crate::Planner::run_with_split`]), those of the graph it planned.
+    pub param_home: Vec<Tier>,
+    /// Whether the split graph given to [`crate::Planner::run_with_split`]
+    /// was planned: then every node and parameter index of the plan refers
+    /// to it.
+    pub split: bool,
     /// Simulated time until the last output is on the host, in seconds.
     pub predicted_time_s: f64,
     /// Simulated peak memory per device, in bytes.
