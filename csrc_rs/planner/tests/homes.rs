@@ -171,3 +171,33 @@ fn the_disk_rate_is_hashed_only_with_disk_params() {
     let g = on_disk(model());
     assert_ne!(plan(&g, 1e9), plan(&g, 5e8));
 }
+
+#[test]
+fn a_plan_with_moved_homes_replays_on_the_graph_planned() {
+    let tight = cpu(10 * MIB);
+    let split = allowed(split_model());
+    for given in [None, Some(&split)] {
+        let p = planner()
+            .run_with_split(&allowed(model()), given, &tight)
+            .unwrap();
+        // The caller rebuilds the graph planned: the split one when `split`,
+        // with the homes the plan reports.
+        let planned = if p.split { split_model() } else { model() };
+        let planned = planned.with_param_home(p.param_home.clone()).unwrap();
+        let again = planner()
+            .replay(
+                &planned,
+                &tight,
+                &p.chosen,
+                &p.node_device,
+                &p.param_streamed,
+                &p.value_spilled,
+                p.prefetch_depth,
+                p.prefetch_window_bytes,
+            )
+            .unwrap();
+        assert_eq!(again.plan_hash, p.plan_hash);
+        assert_eq!(again.param_home, p.param_home);
+        assert_eq!(again.param_issue_segment, p.param_issue_segment);
+    }
+}
