@@ -1,4 +1,4 @@
-//! The candidate families (see the [`crate::plan`] module docs): each
+//! The candidate families (see the [`plan`](mod@crate::plan) module docs): each
 //! proposes placements, simulates them and lists them in the [`Search`].
 
 use crate::device::Device;
