@@ -185,6 +185,10 @@ impl Planner {
     /// may move to disk homed there. [`Plan::param_home`] says which homes
     /// were planned.
     ///
+    /// A graph whose homes are already on disk is planned as given: a caller
+    /// with a split graph passes it as `graph` then. The node and time
+    /// limits apply to each of the two searches.
+    ///
     /// # Errors
     /// As the search of the graph given, or, when the disk variant was
     /// planned, as its search:
