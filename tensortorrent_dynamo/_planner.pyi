@@ -35,7 +35,9 @@ class CostGraph:
 
     ``node_bytes_accessed`` (bytes each node moves through device memory; a node takes
     at least that over its device's ``mem_bytes_per_s``) defaults to zeros;
-    ``param_home`` ("host" or "disk" per parameter) defaults to "host". Raises
+    ``param_home`` ("host" or "disk" per parameter) defaults to "host";
+    ``param_disk_allowed`` (per parameter: whether the planner may move it from the host
+    to disk when the host budget cannot hold the weights) defaults to all false. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -54,6 +56,7 @@ class CostGraph:
         *,
         node_bytes_accessed: Sequence[int] | None = None,
         param_home: Sequence[str] | None = None,
+        param_disk_allowed: Sequence[bool] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:
@@ -178,6 +181,14 @@ class Plan:
         """Bytes of buffers prefetches may fill ahead of use, each issued as early as
         they allow (a "/window-<N>KiB" candidate); 0 when the depth alone says when."""
     @property
+    def param_home(self) -> list[str]:
+        """The home of each parameter of the graph planned, ``"host"`` or ``"disk"``
+        (the planner may have moved disk-allowed parameters to disk)."""
+    @property
+    def split(self) -> bool:
+        """Whether the ``split`` graph given to ``plan`` was planned: then every node
+        and parameter index of the plan refers to it."""
+    @property
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
     @property
@@ -264,6 +275,7 @@ def plan(
     time_limit_s: float | None = None,
     prefetch_depth: int = 1,
     memory_slack: float = ...,
+    split: CostGraph | None = None,
 ) -> Plan:
     """Plan ``graph`` over ``devices`` (the host first) for ``objective``.
 
@@ -275,8 +287,16 @@ def plan(
     262144) bounds local search; ``time_limit_s`` bounds the whole search (the
     single-device candidates always run); ``prefetch_depth`` is how many segments
     ahead streamed parameters are prefetched. Releases the GIL while planning.
-    Raises ``PlanInfeasible`` (with ``min_budgets``) when no candidate fits the
-    budgets and ``OptionsError`` for an option out of range.
+
+    Each parameter keeps its home as ``graph`` gives it, unless nothing fits because
+    the host budget is short while some parameter homed on the host is disk-allowed
+    (``CostGraph(param_disk_allowed=...)``): then the planner plans the disk variant,
+    ``split`` when given (the same work with large weights cut into row chunks;
+    ``Plan.split`` is then true and the plan's indices refer to it) or else ``graph``,
+    with every disk-allowed parameter homed on disk; ``Plan.param_home`` says which
+    homes were planned. Raises ``PlanInfeasible`` (with ``min_budgets``) when no
+    candidate fits the budgets (the disk variant's error when it was planned) and
+    ``OptionsError`` for an option out of range.
     """
 
 def replay(
@@ -290,12 +310,22 @@ def replay(
     *,
     value_spilled: Sequence[bool] = ...,
     prefetch_depth: int = 1,
+    prefetch_window_bytes: int = 0,
+    search_prefetch_depth: int | None = None,
     memory_slack: float = ...,
 ) -> Plan:
-    """The plan a search that chose ``name`` with this placement made, rebuilt without
-    searching (same plan, same hash): for plans saved or cached by their decisions.
-    Raises ``InvalidPlacement`` for a placement that does not fit the graph and
-    ``PlanInfeasible`` when it does not fit the budgets.
+    """The plan a search made, rebuilt from its decisions without searching (same
+    plan, same hash): for plans saved or cached by their decisions.
+
+    ``name`` (the chosen candidate's) is only a label; ``prefetch_depth`` and
+    ``prefetch_window_bytes`` are the plan's recorded ones (``Plan.prefetch_depth``,
+    0 for a synchronous candidate, and ``Plan.prefetch_window_bytes``);
+    ``search_prefetch_depth`` is the depth the search was configured with (``plan``'s
+    ``prefetch_depth``), by default the recorded depth, or 1 when that is 0. ``graph``
+    is the graph planned, homes included: the split graph when ``Plan.split``, with
+    each parameter's home as in ``Plan.param_home``. Raises ``InvalidPlacement`` for a
+    placement that does not fit the graph and ``PlanInfeasible`` when it does not fit
+    the budgets.
     """
 
 def simulate(

@@ -27,6 +27,7 @@ impl PyCostGraph {
         *,
         node_bytes_accessed = None,
         param_home = None,
+        param_disk_allowed = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -41,6 +42,7 @@ impl PyCostGraph {
         output_ids: Vec<u32>,
         node_bytes_accessed: Option<Vec<u64>>,
         param_home: Option<Vec<String>>,
+        param_disk_allowed: Option<Vec<bool>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -63,6 +65,9 @@ impl PyCostGraph {
                     .map(|h| h.parse::<Tier>())
                     .collect::<Result<_, _>>()?;
                 graph = graph.with_param_home(homes)?;
+            }
+            if let Some(allowed) = param_disk_allowed {
+                graph = graph.with_disk_allowed(allowed)?;
             }
             Ok(graph)
         };

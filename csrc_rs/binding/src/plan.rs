@@ -150,6 +150,20 @@ impl PyPlan {
         self.inner.prefetch_window_bytes
     }
 
+    /// The home of each parameter of the graph planned: `"host"` or
+    /// `"disk"` (the planner may have moved disk-allowed parameters to disk).
+    #[getter]
+    fn param_home(&self) -> Vec<&'static str> {
+        self.inner.param_home.iter().map(|t| t.as_str()).collect()
+    }
+
+    /// Whether the `split` graph given to `plan` was planned: then every
+    /// node and parameter index of the plan refers to it.
+    #[getter]
+    fn split(&self) -> bool {
+        self.inner.split
+    }
+
     /// Simulated time until the last output is on the host, in seconds.
     #[getter]
     fn predicted_time_s(&self) -> f64 {
@@ -238,8 +252,9 @@ impl PyPlan {
 /// Plans `graph` over `devices` (the host first) for `objective`
 /// (`"latency"`, `"memory"` or `"throughput"`); with `host_compute` false,
 /// only host-only nodes run on the host. The keyword options are the
-/// planner's limits and knobs (see `Planner` in the core crate). Releases
-/// the GIL while planning.
+/// planner's limits and knobs (see `Planner` in the core crate), and
+/// `split`, the graph planned instead when the planner moves parameters to
+/// disk (see `Planner::run_with_split`). Releases the GIL while planning.
 #[pyfunction]
 #[pyo3(signature = (
     graph,
@@ -251,6 +266,7 @@ impl PyPlan {
     time_limit_s = None,
     prefetch_depth = 1,
     memory_slack = Planner::DEFAULT_MEMORY_SLACK,
+    split = None,
 ))]
 pub(crate) fn plan(
     py: Python<'_>,
@@ -262,6 +278,7 @@ pub(crate) fn plan(
     time_limit_s: Option<f64>,
     prefetch_depth: u32,
     memory_slack: f64,
+    split: Option<&Bound<'_, PyCostGraph>>,
 ) -> PyResult<PyPlan> {
     let mut configured = planner(py, objective, host_compute, prefetch_depth, memory_slack)?;
     if let Some(nodes) = node_limit {
@@ -276,16 +293,23 @@ pub(crate) fn plan(
     }
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
+    let split = split.map(|g| &g.get().inner);
     let planned = py
-        .detach(|| configured.run(graph, &devices))
+        .detach(|| configured.run_with_split(graph, split, &devices))
         .map_err(|e| to_py_err(py, &e))?;
     wrap(py, planned, devices)
 }
 
-/// The plan a search that chose `name` with this placement made, rebuilt
-/// without searching (same plan, same hash): for plans saved or cached by
-/// their decisions. Raises `InvalidPlacement` for a placement that does not
-/// fit the graph and `PlanInfeasible` when it does not fit the budgets.
+/// The plan a search made, rebuilt from its decisions without searching
+/// (same plan, same hash): for plans saved or cached by their decisions.
+/// `name` (the chosen candidate) is only a label; `prefetch_depth` and
+/// `prefetch_window_bytes` are the plan's recorded ones (depth 0 for a
+/// synchronous candidate); `search_prefetch_depth` is the depth the search
+/// was configured with (`plan(prefetch_depth=...)`), by default the recorded
+/// depth, or 1 when that is 0. `graph` is the graph planned, homes included
+/// (the split graph for a plan whose `split` is set). Raises
+/// `InvalidPlacement` for a placement that does not fit the graph and
+/// `PlanInfeasible` when it does not fit the budgets.
 #[pyfunction]
 #[pyo3(signature = (
     graph,
@@ -298,6 +322,8 @@ pub(crate) fn plan(
     *,
     value_spilled = Vec::new(),
     prefetch_depth = 1,
+    prefetch_window_bytes = 0,
+    search_prefetch_depth = None,
     memory_slack = Planner::DEFAULT_MEMORY_SLACK,
 ))]
 // PyO3 extracts Python sequences into owned vectors; the core borrows them.
@@ -313,9 +339,12 @@ pub(crate) fn replay(
     param_streamed: Vec<bool>,
     value_spilled: Vec<bool>,
     prefetch_depth: u32,
+    prefetch_window_bytes: u64,
+    search_prefetch_depth: Option<u32>,
     memory_slack: f64,
 ) -> PyResult<PyPlan> {
-    let configured = planner(py, objective, host_compute, prefetch_depth, memory_slack)?;
+    let configured_depth = search_prefetch_depth.unwrap_or(prefetch_depth.max(1));
+    let configured = planner(py, objective, host_compute, configured_depth, memory_slack)?;
     let devices: Vec<Device> = devices.into_iter().map(|d| d.inner.clone()).collect();
     let graph = &graph.get().inner;
     let planned = py
@@ -327,6 +356,8 @@ pub(crate) fn replay(
                 &node_device,
                 &param_streamed,
                 &value_spilled,
+                prefetch_depth,
+                prefetch_window_bytes,
             )
         })
         .map_err(|e| to_py_err(py, &e))?;

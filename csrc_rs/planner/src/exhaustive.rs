@@ -3,7 +3,7 @@
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::CostGraph;
-use crate::plan::{segment, streamable, Placement, HOST};
+use crate::placement::{segment, streamable, Placement, HOST};
 use crate::simulate::{check_depth, Workspace};
 
 /// The fastest placement that fits, found by enumeration.

@@ -70,6 +70,7 @@ pub struct CostGraph {
     output_ids: Vec<u32>,
     node_bytes_accessed: Vec<u64>,
     param_home: Vec<Tier>,
+    param_disk_allowed: Vec<bool>,
     // Derived indices, built once at construction.
     node_param_offsets: Vec<u32>,
     node_param_ids: Vec<u32>,
@@ -303,6 +304,7 @@ impl CostGraph {
             output_ids,
             node_bytes_accessed: vec![0; n],
             param_home: vec![Tier::Host; p],
+            param_disk_allowed: vec![false; p],
             node_param_offsets,
             node_param_ids,
             consumer_offsets,
@@ -342,6 +344,25 @@ impl CostGraph {
             )));
         }
         self.param_home = home;
+        Ok(self)
+    }
+
+    /// Sets which parameters whose home is the host the planner may move to
+    /// disk when the host budget cannot hold them (see
+    /// [`crate::Planner::run_with_split`]); by default none. The flag means
+    /// nothing for a parameter whose home is disk already.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the parameter count.
+    pub fn with_disk_allowed(mut self, allowed: Vec<bool>) -> Result<Self, PlanError> {
+        if allowed.len() != self.num_params() {
+            return Err(invalid(format!(
+                "param_disk_allowed has {} entries but param_bytes has {}",
+                allowed.len(),
+                self.num_params()
+            )));
+        }
+        self.param_disk_allowed = allowed;
         Ok(self)
     }
 
@@ -415,6 +436,32 @@ impl CostGraph {
     #[must_use]
     pub fn param_home(&self) -> &[Tier] {
         &self.param_home
+    }
+
+    /// Whether the planner may move each parameter whose home is the host to
+    /// disk.
+    #[must_use]
+    pub fn param_disk_allowed(&self) -> &[bool] {
+        &self.param_disk_allowed
+    }
+
+    /// Whether some parameter whose home is the host may move to disk.
+    pub(crate) fn may_move_to_disk(&self) -> bool {
+        self.param_home
+            .iter()
+            .zip(&self.param_disk_allowed)
+            .any(|(&home, &allowed)| home == Tier::Host && allowed)
+    }
+
+    /// The graph with every parameter that may move to disk homed there.
+    pub(crate) fn moved_to_disk(&self) -> Self {
+        let mut g = self.clone();
+        for (home, &allowed) in g.param_home.iter_mut().zip(&self.param_disk_allowed) {
+            if allowed {
+                *home = Tier::Disk;
+            }
+        }
+        g
     }
 
     /// Whether any parameter's home is disk.

@@ -9,6 +9,9 @@
 //! resident and which are streamed in per segment, with the predicted time,
 //! per-device peak memory, lower bound and timeline. [`exhaustive`] finds the
 //! optimum of small graphs by enumeration, to check the search against.
+//! When the host budget cannot hold the weights, [`Planner::run_with_split`]
+//! moves the parameters allowed to disk (see [`CostGraph::with_disk_allowed`]);
+//! [`Planner::replay`] rebuilds a plan from its recorded decisions.
 //!
 //! ```
 //! use tensortorrent_planner::{plan, CostGraph, Device, Objective};
@@ -45,6 +48,7 @@ mod error;
 mod exhaustive;
 mod graph;
 mod hash;
+mod placement;
 mod plan;
 mod simulate;
 

@@ -6,7 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{accelerator, host, mlp, Builder, KIB, MIB};
-use tensortorrent_planner::{plan, Device, Family, Objective, Plan, Planner, StopReason};
+use tensortorrent_planner::{
+    plan, Device, Family, Objective, Plan, PlanError, Planner, StopReason,
+};
 
 const GIB: u64 = 1024 * MIB;
 
@@ -377,7 +379,8 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
     cpu.flops_per_s = 1e11;
     cpu.mem_bytes_per_s = 2e10;
     cpu.disk_bytes_per_s = 1e9;
-    let p = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    let devs = [cpu];
+    let p = Planner::new(Objective::Latency).run(&g, &devs).unwrap();
     let sync = format!("all-on-cpu/knapsack{}", tensortorrent_planner::SYNC_SUFFIX);
     assert_eq!(p.chosen, sync, "{:?}", p.candidates);
     assert_eq!(p.prefetch_depth, 0);
@@ -398,8 +401,39 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
             &p.node_device,
             &p.param_streamed,
             &p.value_spilled,
+            p.prefetch_depth,
+            p.prefetch_window_bytes,
         )
         .unwrap();
     assert_eq!(again.prefetch_depth, 0);
     assert_eq!(again.param_issue_segment, p.param_issue_segment);
+    // The recorded depth, not the name, makes it synchronous: with the same
+    // devices the same plan and hash; under another name the same reads;
+    // at depth 1 the reads are issued ahead again.
+    let planner = Planner::new(Objective::Latency);
+    let replay = |name: &str, depth: u32| {
+        planner.replay(
+            &g,
+            &devs,
+            name,
+            &p.node_device,
+            &p.param_streamed,
+            &p.value_spilled,
+            depth,
+            0,
+        )
+    };
+    let same = replay(&p.chosen, p.prefetch_depth).unwrap();
+    assert_eq!(same.plan_hash, p.plan_hash);
+    assert_eq!(
+        same.predicted_time_s.to_bits(),
+        p.predicted_time_s.to_bits()
+    );
+    let relabelled = replay("x", 0).unwrap();
+    assert_eq!(relabelled.param_issue_segment, p.param_issue_segment);
+    assert_ne!(relabelled.plan_hash, p.plan_hash, "the name is hashed");
+    match replay(&p.chosen, 1) {
+        Ok(ahead) => assert_ne!(ahead.param_issue_segment, p.param_issue_segment),
+        Err(e) => assert!(matches!(e, PlanError::Infeasible { .. }), "{e}"),
+    }
 }

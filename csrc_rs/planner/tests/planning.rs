@@ -476,6 +476,8 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
             &searched.node_device,
             &searched.param_streamed,
             &searched.value_spilled,
+            searched.prefetch_depth,
+            searched.prefetch_window_bytes,
         )
         .expect("the chosen placement fits");
     assert_eq!(replayed.plan_hash, searched.plan_hash);
@@ -484,6 +486,15 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
     assert!((replayed.predicted_time_s - searched.predicted_time_s).abs() < 1e-12);
     assert_eq!(replayed.report.candidates_simulated, 1);
     let all_resident = vec![false; searched.param_streamed.len()];
-    let too_big = planner.replay(&g, &devices, "x", &searched.node_device, &all_resident, &[]);
+    let too_big = planner.replay(
+        &g,
+        &devices,
+        "x",
+        &searched.node_device,
+        &all_resident,
+        &[],
+        1,
+        0,
+    );
     assert!(matches!(too_big, Err(PlanError::Infeasible { .. })));
 }

@@ -149,6 +149,8 @@ fn the_planner_spills_when_that_is_what_fits() {
             &p.node_device,
             &p.param_streamed,
             &p.value_spilled,
+            p.prefetch_depth,
+            p.prefetch_window_bytes,
         )
         .unwrap();
     assert_eq!(again.plan_hash, p.plan_hash);

@@ -78,7 +78,7 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
         assert!(held <= window, "segment {s}: {held} > {window}");
     }
 
-    // Replayed from its decisions (the name carries the window), the plan
+    // Replayed from its decisions (the recorded depth and window), the plan
     // comes back the same.
     let again = Planner::new(Objective::Latency)
         .replay(
@@ -88,11 +88,35 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
             &p.node_device,
             &p.param_streamed,
             &p.value_spilled,
+            p.prefetch_depth,
+            p.prefetch_window_bytes,
         )
         .unwrap();
     assert_eq!(again.plan_hash, p.plan_hash);
     assert_eq!(again.prefetch_window_bytes, window);
     assert_eq!(again.param_issue_segment, p.param_issue_segment);
+    // The name is only a label: the recorded window issues the prefetches.
+    let replay = |name: &str, window: u64| {
+        Planner::new(Objective::Latency)
+            .replay(
+                &g,
+                &[cpu()],
+                name,
+                &p.node_device,
+                &p.param_streamed,
+                &p.value_spilled,
+                p.prefetch_depth,
+                window,
+            )
+            .unwrap()
+    };
+    let relabelled = replay("x", window);
+    assert_eq!(relabelled.param_issue_segment, p.param_issue_segment);
+    assert_eq!(relabelled.prefetch_window_bytes, window);
+    let unwindowed = replay(&p.chosen, 0);
+    assert_eq!(unwindowed.prefetch_window_bytes, 0);
+    assert_ne!(unwindowed.param_issue_segment, p.param_issue_segment);
+    assert_ne!(unwindowed.plan_hash, p.plan_hash);
 }
 
 #[test]

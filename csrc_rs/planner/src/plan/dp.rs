@@ -25,7 +25,7 @@
 
 use crate::device::Device;
 use crate::graph::{CostGraph, Tier};
-use crate::plan::segments::HOST;
+use crate::placement::HOST;
 
 /// The DP's per-node estimates for one graph and device list.
 pub(crate) struct Costs<'a> {

@@ -12,8 +12,8 @@
 //! and, while a device overshoots, its capacity shrinks by the overshoot.
 
 use crate::graph::Tier;
+use crate::placement::{Placement, HOST};
 use crate::plan::search::{Search, Trial};
-use crate::plan::segments::{Placement, HOST};
 
 /// Weight of a parameter's copy time in its value, next to the waits.
 const COPY_TIME_WEIGHT: f64 = 1e-3;

@@ -24,9 +24,9 @@
 //!   when each half alone is worse, such as two nodes trading devices.
 
 use crate::graph::CostGraph;
+use crate::placement::{streamable, Placement};
+use crate::plan::objective::Score;
 use crate::plan::search::{Search, Trial};
-use crate::plan::segments::{streamable, Placement};
-use crate::plan::Score;
 
 /// Largest graph whose single nodes are moved one by one.
 const NODE_MOVES_MAX: usize = 4096;

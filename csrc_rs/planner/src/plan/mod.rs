@@ -36,198 +36,30 @@
 //! bounds local search. The objective picks among the feasible candidates.
 
 mod dp;
+mod families;
 mod knapsack;
 mod local_search;
+mod objective;
 mod report;
 mod residency;
 mod search;
-mod segments;
+mod types;
 
-use std::cmp::Ordering;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
+pub use families::{SYNC_SUFFIX, WINDOW_PREFIX};
+pub use objective::Objective;
 pub use report::{Report, StopReason};
-pub(crate) use segments::{buffer_peak, segment, streamable, Placement, Segmentation, HOST};
+pub use types::{Candidate, Family, Plan};
 
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
-use crate::simulate::{check_depth, checked_placement, run, Record, Simulation};
+use crate::placement::{Placement, HOST};
+use crate::simulate::{check_depth, checked_placement, run};
+use objective::{accelerator_peak, Goal, Score};
 use search::{Evaluated, Search, Trial};
-
-/// What the plan optimises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Objective {
-    /// Least predicted time for one run (one forward).
-    Latency,
-    /// Least accelerator memory (the largest peak over accelerators) among
-    /// plans within the memory slack (10 % by default) of the fastest.
-    Memory,
-    /// Most runs per second. The planner has no batch or stream-of-requests
-    /// information and simulates one run at a time, with runs not
-    /// overlapping, so this is the same choice as [`Objective::Latency`].
-    Throughput,
-}
-
-impl Objective {
-    /// Every objective, in the order their names are listed.
-    pub const ALL: [Self; 3] = [Self::Latency, Self::Memory, Self::Throughput];
-
-    /// The objective's name as parsed by [`str::parse`].
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Latency => "latency",
-            Self::Memory => "memory",
-            Self::Throughput => "throughput",
-        }
-    }
-}
-
-impl fmt::Display for Objective {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Objective {
-    type Err = PlanError;
-
-    fn from_str(s: &str) -> Result<Self, PlanError> {
-        Self::ALL
-            .into_iter()
-            .find(|o| o.as_str() == s)
-            .ok_or_else(|| {
-                let valid: Vec<&str> = Self::ALL.iter().map(|o| o.as_str()).collect();
-                PlanError::InvalidObjective(format!(
-                    "unknown objective {s:?}; valid objectives are: {}",
-                    valid.join(", ")
-                ))
-            })
-    }
-}
-
-/// The family of search that proposed a candidate (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    /// Everything on one device.
-    SingleDevice,
-    /// Everything on one accelerator, resident set by knapsack.
-    Knapsack,
-    /// Contiguous segments over the devices by dynamic programming.
-    Segments,
-    /// An accelerator's resident set kept, the rest computed on the host
-    /// where streaming it costs more.
-    HostStretches,
-    /// A candidate over an accelerator's budget with its values spilled.
-    Spill,
-    /// Improved by local search.
-    LocalSearch,
-    /// A placement given from outside, simulated without search.
-    Replayed,
-}
-
-impl Family {
-    /// The family's name: `"single-device"`, `"knapsack"`, `"segments"`,
-    /// `"host-stretches"`, `"spill"`, `"local-search"` or `"replayed"`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SingleDevice => "single-device",
-            Self::Knapsack => "knapsack",
-            Self::Segments => "segments",
-            Self::HostStretches => "host-stretches",
-            Self::Spill => "spill",
-            Self::LocalSearch => "local-search",
-            Self::Replayed => "replayed",
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Summary of one candidate placement.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    /// Candidate name, for example `"all-on-virtual:0/streamed"`.
-    pub name: String,
-    /// The family that proposed it.
-    pub family: Family,
-    /// Simulated time until the last output is on the host, in seconds.
-    pub predicted_time_s: f64,
-    /// Whether every device's peak fits its budget.
-    pub feasible: bool,
-    /// Simulated peak memory per device, in bytes.
-    pub peak_bytes: Vec<u64>,
-}
-
-/// The chosen plan.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    /// Device index of each node.
-    pub node_device: Vec<u32>,
-    /// Segment index of each node.
-    pub node_segment: Vec<u32>,
-    /// Device index of each segment.
-    pub segment_device: Vec<u32>,
-    /// Whether each parameter is streamed (otherwise resident where used).
-    pub param_streamed: Vec<bool>,
-    /// Accelerator whose nodes use each parameter (the first one in node
-    /// order if several do); 0 when only host nodes use it.
-    pub param_device: Vec<u32>,
-    /// For streamed parameters, the first segment using it on
-    /// `param_device`; -1 otherwise.
-    pub param_prefetch_segment: Vec<i64>,
-    /// For streamed parameters, the last segment using it on
-    /// `param_device` (it is evicted after it); -1 otherwise.
-    pub param_evict_segment: Vec<i64>,
-    /// For streamed parameters, the segment whose start issues the
-    /// prefetch to `param_device` (the prefetch depth's worth of segments
-    /// before the first use there); -1 for "at the start of the run" and
-    /// for parameters not streamed.
-    pub param_issue_segment: Vec<i64>,
-    /// Whether each node's value is spilled to the host across a gap in
-    /// its uses (only spillable values are).
-    pub value_spilled: Vec<bool>,
-    /// For spilled values, the segment whose start issues the copy back to
-    /// the device (the uses in it and after read the copy); -1 otherwise.
-    pub value_reload_segment: Vec<i64>,
-    /// How many segments ahead streamed parameters are prefetched; 0 when
-    /// each segment reads its own (a [`SYNC_SUFFIX`] candidate).
-    pub prefetch_depth: u32,
-    /// Bytes of buffers prefetches may fill ahead of use, each issued as
-    /// early as they allow (a [`WINDOW_PREFIX`] candidate); 0 when the
-    /// depth alone says when.
-    pub prefetch_window_bytes: u64,
-    /// Simulated time until the last output is on the host, in seconds.
-    pub predicted_time_s: f64,
-    /// Simulated peak memory per device, in bytes.
-    pub peak_bytes: Vec<u64>,
-    /// The busiest resource's seconds of work: no schedule of this plan's
-    /// work is faster.
-    pub lower_bound_s: f64,
-    /// Fraction of the predicted time each resource is busy, by resource
-    /// name (see [`crate::Resource::name`]).
-    pub busy_fraction: Vec<(String, f64)>,
-    /// The simulated timeline of the plan.
-    pub timeline: Vec<Record>,
-    /// Every candidate listed, in search order.
-    pub candidates: Vec<Candidate>,
-    /// Name of the chosen candidate.
-    pub chosen: String,
-    /// What the search did and why it stopped.
-    pub report: Report,
-    /// 16 lowercase hex digits of a stable FNV-1a 64 hash of the inputs and
-    /// the decisions.
-    pub plan_hash: String,
-}
 
 /// A configured search: the objective, the limits and the options.
 ///
@@ -330,25 +162,64 @@ impl Planner {
         })
     }
 
-    /// Plans `graph` over `devices`.
+    /// Plans `graph` over `devices`: [`Planner::run_with_split`] without a
+    /// split graph.
+    ///
+    /// # Errors
+    /// See [`Planner::run_with_split`].
+    pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
+        self.run_with_split(graph, None, devices)
+    }
+
+    /// Plans `graph` over `devices`, deciding where parameters live.
     ///
     /// `devices[0]` must be the host; the others are accelerators.
     ///
+    /// The plan keeps each parameter's home as the graph gives it, unless no
+    /// plan fits because the host budget is short (the host needs more than
+    /// its budget) while some parameter whose home is the host may move to
+    /// disk (see [`CostGraph::with_disk_allowed`]). Then the planner plans
+    /// the disk variant instead: `split` when given (the same work with large
+    /// weights cut into row chunks; then [`Plan::split`] is set and the plan's
+    /// indices refer to it), else `graph`, with every parameter of it that
+    /// may move to disk homed there. [`Plan::param_home`] says which homes
+    /// were planned.
+    ///
+    /// A graph whose homes are already on disk is planned as given: a caller
+    /// with a split graph passes it as `graph` then. The node and time
+    /// limits apply to each of the two searches.
+    ///
     /// # Errors
+    /// As the search of the graph given, or, when the disk variant was
+    /// planned, as its search:
     /// * [`PlanError::InvalidDevices`] for a malformed device list;
     /// * [`PlanError::InvalidOptions`] for a prefetch depth of 0 or a
     ///   negative or non-finite memory slack;
     /// * [`PlanError::Infeasible`] when no candidate fits the budgets, with
     ///   the smallest budgets that would make one fit.
-    pub fn run(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
-        validate_devices(devices)?;
-        check_depth(self.prefetch_depth)?;
-        if !(self.memory_slack.is_finite() && self.memory_slack >= 0.0) {
-            return Err(PlanError::InvalidOptions(format!(
-                "memory_slack is {}; it must be finite and non-negative",
-                self.memory_slack
-            )));
+    pub fn run_with_split(
+        &self,
+        graph: &CostGraph,
+        split: Option<&CostGraph>,
+        devices: &[Device],
+    ) -> Result<Plan, PlanError> {
+        let error = match self.search(graph, devices) {
+            Ok(plan) => return Ok(plan),
+            Err(error) => error,
+        };
+        if !(host_short(&error, devices) && graph.may_move_to_disk()) {
+            return Err(error);
         }
+        let variant = split.unwrap_or(graph).moved_to_disk();
+        let mut plan = self.search(&variant, devices)?;
+        plan.split = split.is_some();
+        Ok(plan)
+    }
+
+    /// The search of `graph` with its homes as given.
+    fn search(&self, graph: &CostGraph, devices: &[Device]) -> Result<Plan, PlanError> {
+        validate_devices(devices)?;
+        self.check_options()?;
         let mut s = Search::new(
             graph,
             devices,
@@ -357,11 +228,11 @@ impl Planner {
             self.node_limit(graph.num_nodes()),
             self.time_limit,
         );
-        single_device(&mut s);
-        knapsack_family(&mut s);
-        segments_family(&mut s);
-        host_stretches(&mut s);
-        spill_family(&mut s);
+        families::single_device(&mut s);
+        families::knapsack_family(&mut s);
+        families::segments_family(&mut s);
+        families::host_stretches(&mut s);
+        families::spill_family(&mut s);
         self.local_search(&mut s);
         let report = Report {
             stop_reason: s.stop.unwrap_or(StopReason::Saturated),
@@ -375,14 +246,29 @@ impl Planner {
     }
 
     /// The plan made of a known placement, without searching: the same plan
-    /// (and hash) as the search that chose `name` with this placement.
+    /// (and hash) as the search that chose it, given the decisions that plan
+    /// records.
+    ///
+    /// `name` is only a label (the chosen candidate's name, hashed as the
+    /// search hashes it); what is simulated is the placement (`node_device`,
+    /// `param_streamed`, and `value_spilled`: the plan's per-node spill
+    /// flags, or empty for none) at the recorded `prefetch_depth` (0 for a
+    /// candidate whose segments read their own parameters) with the recorded
+    /// `prefetch_window_bytes` (0 for none): a [`Plan`]'s `prefetch_depth`
+    /// and `prefetch_window_bytes`. The planner itself is configured as the
+    /// search was (its own prefetch depth, at least 1, is hashed as the
+    /// search hashes it).
+    ///
+    /// `graph` is the graph the plan was made for, homes included: for a
+    /// plan whose `split` is set, the split graph, and in any case with each
+    /// parameter's home set to the plan's `param_home`.
     ///
     /// # Errors
     /// * [`PlanError::InvalidDevices`] or [`PlanError::InvalidPlacement`] for
     ///   a malformed device list or placement;
+    /// * [`PlanError::InvalidOptions`] for a configured prefetch depth of 0
+    ///   or a negative or non-finite memory slack;
     /// * [`PlanError::Infeasible`] when the placement does not fit the budgets.
-    ///
-    /// `value_spilled` is the plan's per-node spill flags, or empty for none.
     pub fn replay(
         &self,
         graph: &CostGraph,
@@ -391,9 +277,11 @@ impl Planner {
         node_device: &[u32],
         param_streamed: &[bool],
         value_spilled: &[bool],
+        prefetch_depth: u32,
+        prefetch_window_bytes: u64,
     ) -> Result<Plan, PlanError> {
         validate_devices(devices)?;
-        check_depth(self.prefetch_depth)?;
+        self.check_options()?;
         let placement =
             checked_placement(graph, devices, node_device, param_streamed, value_spilled)?;
         let mut s = Search::new(
@@ -404,12 +292,7 @@ impl Planner {
             0,
             None,
         );
-        let depth = if name.split('/').any(|part| part.ends_with(SYNC_SUFFIX)) {
-            0
-        } else {
-            self.prefetch_depth
-        };
-        let trial = s.simulate_windowed(placement, depth, window_of(name));
+        let trial = s.simulate_windowed(placement, prefetch_depth, prefetch_window_bytes);
         let index = s.add(name.to_string(), Family::Replayed, trial, false);
         if !s.candidates[index].feasible() {
             return Err(infeasible(&s.candidates, devices, self.host_compute));
@@ -420,6 +303,18 @@ impl Planner {
             nodes_simulated: s.nodes_simulated,
         };
         Ok(self.finish(graph, devices, &s.candidates, index, report))
+    }
+
+    /// Checks the configured prefetch depth and memory slack.
+    fn check_options(&self) -> Result<(), PlanError> {
+        check_depth(self.prefetch_depth)?;
+        if !(self.memory_slack.is_finite() && self.memory_slack >= 0.0) {
+            return Err(PlanError::InvalidOptions(format!(
+                "memory_slack is {}; it must be finite and non-negative",
+                self.memory_slack
+            )));
+        }
+        Ok(())
     }
 
     /// The score local search minimises for this objective.
@@ -515,6 +410,8 @@ impl Planner {
             param_issue_segment,
             value_spilled,
             value_reload_segment,
+            param_home: g.param_home().to_vec(),
+            split: false,
             prefetch_depth: c.trial.depth,
             prefetch_window_bytes: c.trial.window,
             predicted_time_s: sim.predicted_time_s,
@@ -574,12 +471,22 @@ impl Planner {
                 h.str(t.as_str());
             }
         }
+        // The disk rate means nothing to a graph with no parameter on disk,
+        // and callers pass the measured one whatever the homes (the planner
+        // may move homes to disk): it is hashed as infinite then, as it was
+        // passed before, so that plans without disk homes keep their hashes.
+        let disk_params = g.has_disk_params();
         for (i, d) in devices.iter().enumerate() {
-            if d.mem_bytes_per_s.is_finite() || d.disk_bytes_per_s.is_finite() {
+            let disk_bytes_per_s = if disk_params {
+                d.disk_bytes_per_s
+            } else {
+                f64::INFINITY
+            };
+            if d.mem_bytes_per_s.is_finite() || disk_bytes_per_s.is_finite() {
                 h.str("rates");
                 h.u64(i as u64);
                 h.f64(d.mem_bytes_per_s);
-                h.f64(d.disk_bytes_per_s);
+                h.f64(disk_bytes_per_s);
             }
         }
         if let Some(limit) = self.node_limit {
@@ -636,334 +543,6 @@ pub fn plan(
         .run(graph, devices)
 }
 
-/// Every node that may leave the host on device `d`.
-fn all_on(g: &CostGraph, d: u32) -> Vec<u32> {
-    g.node_host_only()
-        .iter()
-        .map(|&h| if h { HOST } else { d })
-        .collect()
-}
-
-/// The `single-device` family; runs whatever the limits.
-fn single_device(s: &mut Search) {
-    let g = s.g;
-    for a in 1..s.devices.len() as u32 {
-        let name = &s.devices[a as usize].name;
-        let (greedy_name, streamed_name) =
-            (format!("all-on-{name}"), format!("all-on-{name}/streamed"));
-        let node_device = all_on(g, a);
-        let streamed = s.simulate(Placement::all_streamed(g, node_device.clone()));
-        if s.depth == 1 {
-            let peak = streamed.sim.peak_bytes[a as usize];
-            let flags = residency::greedy_residency(s, a, &node_device, peak);
-            let greedy = Placement::new(g, node_device, flags);
-            if greedy != streamed.placement {
-                let trial = s.simulate(greedy);
-                s.add(greedy_name, Family::SingleDevice, trial, false);
-            }
-        }
-        s.add(streamed_name, Family::SingleDevice, streamed, true);
-    }
-    if s.host_compute {
-        let name = format!("all-on-{}", s.devices[HOST as usize].name);
-        let on_host = vec![HOST; g.num_nodes()];
-        let trial = s.simulate(Placement::new(
-            g,
-            on_host.clone(),
-            vec![false; g.num_params()],
-        ));
-        s.add(name.clone(), Family::SingleDevice, trial, true);
-        if g.has_disk_params() {
-            let trial = s.simulate(Placement::all_streamed(g, on_host));
-            s.add(
-                format!("{name}/streamed"),
-                Family::SingleDevice,
-                trial,
-                true,
-            );
-        }
-    }
-}
-
-/// The listed all-streamed trial of `node_device` at prefetch `depth`, or a
-/// new simulation.
-fn streamed_trial(s: &mut Search, node_device: Vec<u32>, depth: u32) -> Trial {
-    let pl = Placement::all_streamed(s.g, node_device);
-    match s.find(&pl, depth) {
-        Some(i) => s.candidates[i].trial.clone(),
-        None => s.simulate_at(pl, depth),
-    }
-}
-
-/// The `knapsack` family: on each accelerator, and on the host when
-/// parameters live on disk (which of them the host keeps in memory), there
-/// also with synchronous reads (see [`SYNC_SUFFIX`]).
-fn knapsack_family(s: &mut Search) {
-    let host = s.host_compute && s.g.has_disk_params();
-    let depth = s.depth;
-    let runs = (1..s.devices.len() as u32)
-        .map(|a| (a, depth))
-        .chain(host.then_some((HOST, depth)))
-        .chain(host.then_some((HOST, 0)));
-    for (a, depth) in runs {
-        if s.out_of_time() {
-            return;
-        }
-        let streamed = streamed_trial(s, all_on(s.g, a), depth);
-        let name = format!("all-on-{}/knapsack", s.devices[a as usize].name);
-        if let Some(trial) = knapsack::fit(s, &streamed) {
-            let sync = if depth == 0 { SYNC_SUFFIX } else { "" };
-            s.add(format!("{name}{sync}"), Family::Knapsack, trial, false);
-        }
-        // Windows replace the default double buffer, not a depth asked for.
-        if depth != 1 {
-            continue;
-        }
-        for window in windows(s, a, &streamed) {
-            if s.out_of_time() {
-                return;
-            }
-            let pl = streamed.placement.clone();
-            let wide = s.simulate_windowed(pl, depth, window);
-            let suffix = format!("{WINDOW_PREFIX}{}KiB", window / 1024);
-            match knapsack::fit(s, &wide) {
-                // With nothing left streaming the window means nothing.
-                Some(trial) if trial.seg.spans.iter().any(|sp| sp.device == a) => {
-                    s.add(format!("{name}{suffix}"), Family::Knapsack, trial, false);
-                }
-                Some(_) => {}
-                None => {
-                    let name = format!("all-on-{}/streamed{suffix}", s.devices[a as usize].name);
-                    s.add(name, Family::SingleDevice, wide, true);
-                }
-            }
-        }
-    }
-}
-
-/// Marks a candidate whose prefetches fill a window of buffers:
-/// `<name>/window-<N>KiB`, the window being N KiB. [`Planner::replay`]
-/// replays such a name with its window.
-pub const WINDOW_PREFIX: &str = "/window-";
-
-/// The prefetch window a candidate's name gives (0 for none).
-fn window_of(name: &str) -> u64 {
-    name.rsplit_once(WINDOW_PREFIX)
-        .and_then(|(_, w)| w.strip_suffix("KiB"))
-        .and_then(|kib| kib.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
-/// Prefetch windows worth trying on device `a` for the all-streamed trial
-/// `streamed` (at depth 1): its double buffer's peak `p` widened by an
-/// eighth, a quarter, a half and the whole of its largest buffer; only those
-/// narrower than the budget, in whole KiB, ascending.
-fn windows(s: &Search, a: u32, streamed: &Trial) -> Vec<u64> {
-    let bytes = s.g.param_bytes();
-    let on_a = streamed.seg.spans.iter().filter(|sp| sp.device == a);
-    let largest = on_a.map(|sp| bytes[sp.param as usize]).max().unwrap_or(0);
-    let peak = buffer_peak(s.g, &streamed.seg, a);
-    let budget = s.devices[a as usize].budget_bytes;
-    let mut out: Vec<u64> = [8, 4, 2, 1]
-        .into_iter()
-        .map(|k| (peak + largest / k) / 1024 * 1024)
-        .filter(|&w| largest > 0 && w > peak && w < budget)
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-/// Suffix of a candidate whose segments read their own streamed parameters
-/// when they start (prefetch depth 0): one read buffer instead of two, so
-/// more of a tight host budget is left for parameters kept in memory, at the
-/// price of reads no longer overlapping compute. [`Planner::replay`] replays
-/// such a name at depth 0.
-pub const SYNC_SUFFIX: &str = "-sync";
-
-/// Lists a DP placement with its residency by knapsack (or everything
-/// streamed when no resident set fits).
-fn add_fitted(s: &mut Search, name: String, family: Family, node_device: Vec<u32>) {
-    if s.out_of_time() {
-        return;
-    }
-    let depth = s.depth;
-    let streamed = streamed_trial(s, node_device, depth);
-    let trial = knapsack::fit(s, &streamed).unwrap_or(streamed);
-    s.add(name, family, trial, false);
-}
-
-/// The `segments` family.
-fn segments_family(s: &mut Search) {
-    let movable = s.movable_devices();
-    if movable.len() < 2 || s.out_of_time() {
-        return;
-    }
-    let g = s.g;
-    let devices = s.devices;
-    // What the budget leaves for resident parameters: the budget less the
-    // peak with everything on the device streamed.
-    let capacity: Vec<u64> = (0..devices.len() as u32)
-        .map(|d| {
-            let headroom = if d == HOST {
-                0
-            } else {
-                s.find(&Placement::all_streamed(g, all_on(g, d)), s.depth)
-                    .map_or(0, |i| s.candidates[i].trial.sim.peak_bytes[d as usize])
-            };
-            devices[d as usize].budget_bytes.saturating_sub(headroom)
-        })
-        .collect();
-    let costs = dp::Costs::new(g, devices, &vec![false; g.num_params()]);
-    let node_device = dp::place(&costs, &movable, &capacity);
-    add_fitted(s, "segments".into(), Family::Segments, node_device);
-}
-
-/// The `host-stretches` family.
-fn host_stretches(s: &mut Search) {
-    if !s.host_compute {
-        return;
-    }
-    let g = s.g;
-    let devices = s.devices;
-    for a in 1..devices.len() as u32 {
-        if s.out_of_time() {
-            return;
-        }
-        // The fastest feasible candidate with everything on `a`.
-        let on_a = all_on(g, a);
-        let kept = s
-            .candidates
-            .iter()
-            .filter(|c| c.feasible() && c.trial.placement.node_device == on_a)
-            .min_by(|x, y| {
-                x.trial
-                    .sim
-                    .predicted_time_s
-                    .total_cmp(&y.trial.sim.predicted_time_s)
-            });
-        let free: Vec<bool> = (0..g.num_params())
-            .map(|q| {
-                kept.is_some_and(|c| {
-                    !c.trial.placement.param_streamed[q]
-                        && g.param_users(q).iter().any(|&u| on_a[u as usize] == a)
-                })
-            })
-            .collect();
-        let costs = dp::Costs::new(g, devices, &free);
-        let node_device = dp::place(&costs, &[HOST, a], &vec![0; devices.len()]);
-        let streamed: Vec<bool> = free.iter().map(|&f| !f).collect();
-        let trial = s.simulate(Placement::new(g, node_device, streamed));
-        let name = format!("host-stretches/{}", devices[a as usize].name);
-        s.add(name, Family::HostStretches, trial, false);
-    }
-}
-
-/// The `spill` family: every candidate over an accelerator's budget again
-/// with every spillable value spilled, listed when that lowers its overshoot.
-fn spill_family(s: &mut Search) {
-    let over_accelerator = |sim: &Simulation, devices: &[Device]| {
-        sim.peak_bytes
-            .iter()
-            .zip(devices)
-            .skip(1)
-            .any(|(&peak, d)| peak > d.budget_bytes)
-    };
-    let n = s.g.num_nodes();
-    let over: Vec<usize> = (0..s.candidates.len())
-        .filter(|&i| over_accelerator(&s.candidates[i].trial.sim, s.devices))
-        .collect();
-    for i in over {
-        if s.out_of_time() {
-            return;
-        }
-        let c = &s.candidates[i];
-        let (name, shortfall, budget_free) =
-            (format!("{}/spill", c.name), c.shortfall, c.budget_free);
-        let (placement, depth) = (c.trial.placement.clone(), c.trial.depth);
-        let mut trial = s.simulate_at(placement.with_spills(vec![true; n]), depth);
-        if trial.seg.spills.is_empty() || s.shortfall(&trial.sim) >= shortfall {
-            continue;
-        }
-        // Only the flags that take effect, so equal plans compare equal.
-        let mut spilled = vec![false; n];
-        for spill in &trial.seg.spills {
-            spilled[spill.node as usize] = true;
-        }
-        trial.placement.value_spilled = spilled;
-        s.add(name, Family::Spill, trial, budget_free);
-    }
-}
-
-/// How local search compares simulated placements: fitting first, then
-/// the objective. Times within a relative 1e-9 count as equal, so that
-/// rounding never passes for an improvement.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Score {
-    shortfall: u128,
-    /// Seconds over the memory objective's time cap (0 otherwise).
-    excess_s: f64,
-    /// The memory objective's accelerator peak (0 otherwise).
-    memory: u64,
-    time_s: f64,
-}
-
-fn cmp_time(a: f64, b: f64) -> Ordering {
-    if (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) {
-        Ordering::Equal
-    } else {
-        a.total_cmp(&b)
-    }
-}
-
-impl Score {
-    fn compare(&self, other: &Self) -> Ordering {
-        self.shortfall
-            .cmp(&other.shortfall)
-            .then(cmp_time(self.excess_s, other.excess_s))
-            .then(self.memory.cmp(&other.memory))
-            .then(cmp_time(self.time_s, other.time_s))
-    }
-
-    pub(crate) fn better_than(&self, other: &Self) -> bool {
-        self.compare(other) == Ordering::Less
-    }
-}
-
-struct Goal {
-    objective: Objective,
-    /// The memory objective's time cap.
-    time_cap: f64,
-}
-
-impl Goal {
-    fn score(&self, shortfall: u128, sim: &Simulation) -> Score {
-        let time_s = sim.predicted_time_s;
-        match self.objective {
-            Objective::Latency | Objective::Throughput => Score {
-                shortfall,
-                excess_s: 0.0,
-                memory: 0,
-                time_s,
-            },
-            Objective::Memory => Score {
-                shortfall,
-                excess_s: if time_s > self.time_cap {
-                    time_s - self.time_cap
-                } else {
-                    0.0
-                },
-                memory: accelerator_peak(sim),
-                time_s,
-            },
-        }
-    }
-}
-
-fn accelerator_peak(sim: &Simulation) -> u64 {
-    sim.peak_bytes.iter().skip(1).copied().max().unwrap_or(0)
-}
-
 /// Index of the candidate the objective prefers, if any is feasible.
 fn choose(cands: &[Evaluated], objective: Objective, slack: f64) -> Option<usize> {
     let feasible = || cands.iter().enumerate().filter(|(_, c)| c.feasible());
@@ -1001,6 +580,18 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.2} {}", UNITS[unit])
+}
+
+/// Whether `error` says no plan fits because the host needs more than its
+/// budget.
+fn host_short(error: &PlanError, devices: &[Device]) -> bool {
+    let PlanError::Infeasible { min_budgets, .. } = error else {
+        return false;
+    };
+    let host = &devices[HOST as usize];
+    min_budgets
+        .iter()
+        .any(|(name, bytes)| *name == host.name && *bytes > host.budget_bytes)
 }
 
 fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> PlanError {
@@ -1073,39 +664,5 @@ mod tests {
         assert_eq!(format_bytes(4 << 20), "4.00 MiB");
         assert_eq!(format_bytes(3 << 29), "1.50 GiB");
         assert_eq!(format_bytes(u64::MAX), "16.00 EiB");
-    }
-
-    #[test]
-    fn objectives_parse_and_print() {
-        for o in Objective::ALL {
-            assert_eq!(o.as_str().parse::<Objective>(), Ok(o));
-            assert_eq!(o.to_string(), o.as_str());
-        }
-        let err = "fastest".parse::<Objective>().unwrap_err();
-        assert_eq!(
-            err,
-            PlanError::InvalidObjective(
-                "unknown objective \"fastest\"; valid objectives are: latency, memory, throughput"
-                    .into()
-            )
-        );
-    }
-
-    #[test]
-    fn rounding_is_not_an_improvement() {
-        let at = |time_s: f64| Score {
-            shortfall: 0,
-            excess_s: 0.0,
-            memory: 0,
-            time_s,
-        };
-        assert!(!at(1.0 - 1e-12).better_than(&at(1.0)));
-        assert!(at(0.999).better_than(&at(1.0)));
-        assert!(!at(f64::INFINITY).better_than(&at(f64::INFINITY)));
-        let over = Score {
-            shortfall: 1,
-            ..at(0.0)
-        };
-        assert!(at(5.0).better_than(&over));
     }
 }

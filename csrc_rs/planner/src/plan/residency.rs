@@ -28,8 +28,8 @@
 //! accepts each member.
 
 use crate::graph::CostGraph;
+use crate::placement::Placement;
 use crate::plan::search::Search;
-use crate::plan::segments::Placement;
 
 /// One value that may live on the accelerator.
 #[derive(Debug, Clone, Copy)]
@@ -518,7 +518,7 @@ pub(crate) fn greedy_residency(
 mod tests {
     use super::*;
     use crate::device::Device;
-    use crate::plan::segments::{segment, HOST};
+    use crate::placement::{segment, HOST};
     use crate::simulate::run;
 
     struct Rng(u64);

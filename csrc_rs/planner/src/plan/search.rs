@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use crate::device::Device;
 use crate::graph::CostGraph;
+use crate::placement::{segment_windowed, Placement, Segmentation, HOST};
 use crate::plan::report::StopReason;
-use crate::plan::segments::{segment_windowed, Placement, Segmentation, HOST};
-use crate::plan::Family;
+use crate::plan::types::Family;
 use crate::simulate::{Simulation, Workspace};
 
 /// A simulated candidate.

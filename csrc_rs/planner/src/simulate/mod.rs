@@ -43,7 +43,7 @@ pub use timeline::{Activity, Record, Resource};
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::{CostGraph, Tier};
-use crate::plan::{segment, Placement, Segmentation, HOST};
+use crate::placement::{segment, Placement, Segmentation, HOST};
 
 /// What one simulation measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -417,6 +417,71 @@ pub(crate) fn run(
     Workspace::default().run(g, devices, pl, seg, record)
 }
 
+/// What one simulation reads.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    g: &'a CostGraph,
+    devices: &'a [Device],
+    pl: &'a Placement,
+    seg: &'a Segmentation,
+}
+
+/// What one simulation accumulates besides the workspace's buffers.
+struct Clock {
+    mem: Memory,
+    queues: Queues,
+    /// Per segment: how long its first node waited for prefetches.
+    prefetch_wait_s: Vec<f64>,
+    /// The latest finish of any node.
+    makespan: f64,
+    /// When the last graph output is on the host (`-inf` before any is).
+    last_output: f64,
+}
+
+/// Issues the prefetches of the spans `span_ids` at `at`: each allocates
+/// its buffer on its device, is read from disk first when its home is disk
+/// (through a host staging buffer for an accelerator), then copied on to an
+/// accelerator; its first using segment is ready no earlier than it arrives.
+fn issue_prefetches(
+    inp: Inputs,
+    span_ids: &[u32],
+    at: f64,
+    mem: &mut Memory,
+    queues: &mut Queues,
+    seg_ready: &mut [f64],
+) {
+    let (g, devices, seg) = (inp.g, inp.devices, inp.seg);
+    let bytes_of = g.param_bytes();
+    let home = g.param_home();
+    let disk_rate = devices[HOST as usize].disk_bytes_per_s;
+    for &k in span_ids {
+        let span = seg.spans[k as usize];
+        let (q, d) = (span.param, span.device);
+        let bytes = bytes_of[q as usize];
+        mem.push(d, at, bytes, true);
+        let mut ready = at;
+        if home[q as usize] == Tier::Disk {
+            let read = bytes as f64 / disk_rate;
+            let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
+            ready = end;
+            if d != HOST {
+                // A host staging buffer until the copy on is done.
+                mem.push(HOST, start, bytes, true);
+            }
+        }
+        if d != HOST {
+            let copy = bytes as f64 / devices[d as usize].h2d_bytes_per_s;
+            let (_, end) = queues.run(Resource::HostToDevice(d), ready, copy, Activity::Param, q);
+            if home[q as usize] == Tier::Disk {
+                mem.push(HOST, end, bytes, false);
+            }
+            ready = end;
+        }
+        let slot = &mut seg_ready[span.first_segment as usize];
+        *slot = slot.max(ready);
+    }
+}
+
 impl Workspace {
     /// Simulates one placement with its segmentation; records the timeline
     /// when `record`.
@@ -428,16 +493,32 @@ impl Workspace {
         seg: &Segmentation,
         record: bool,
     ) -> Simulation {
-        let n = g.num_nodes();
-        let nd = devices.len();
-        let num_segments = seg.segment_device.len();
+        let inp = Inputs {
+            g,
+            devices,
+            pl,
+            seg,
+        };
+        self.constant_memory(inp);
+        self.group_spans(inp);
+        let mut clock = self.start(inp, record);
+        self.reset_values(inp);
+        for x in 0..g.num_nodes() {
+            self.step(inp, &mut clock, x);
+        }
+        self.node_inst.push(self.instances.len());
+        self.copy_outputs_back(inp, &mut clock);
+        self.finish(inp, clock)
+    }
+
+    /// Constant memory, in `base`: every param whose home is the host on the
+    /// host, each resident param on each other device that uses it (and on
+    /// the host when it comes from disk).
+    fn constant_memory(&mut self, inp: Inputs) {
+        let (g, pl) = (inp.g, inp.pl);
+        let nd = inp.devices.len();
         let bytes_of = g.param_bytes();
         let home = g.param_home();
-        let disk_rate = devices[HOST as usize].disk_bytes_per_s;
-
-        // Constant memory: every param whose home is the host on the host,
-        // each resident param on each other device that uses it (and on the
-        // host when it comes from disk).
         let base = &mut self.base;
         let stamp = &mut self.stamp;
         base.clear();
@@ -461,8 +542,15 @@ impl Workspace {
                 }
             }
         }
+    }
 
-        // Spans grouped by the segment that issues them and the one ending them.
+    /// Groups the spans by the segment that issues them and the one ending
+    /// them, and the spills by the segment issuing their reload; indexes the
+    /// spills by node; lists the spans issued at the start of the run.
+    fn group_spans(&mut self, inp: Inputs) {
+        let seg = inp.seg;
+        let n = inp.g.num_nodes();
+        let num_segments = seg.segment_device.len();
         group_by_segment(
             num_segments,
             seg.spans.iter().map(|s| s.issue_segment),
@@ -492,7 +580,13 @@ impl Workspace {
         self.initial.extend(
             (0..seg.spans.len() as u32).filter(|&k| seg.spans[k as usize].issue_segment.is_none()),
         );
+    }
 
+    /// Empty memory events and queues, and the prefetches issued at the
+    /// start of the run.
+    fn start(&mut self, inp: Inputs, record: bool) -> Clock {
+        let nd = inp.devices.len();
+        let num_segments = inp.seg.segment_device.len();
         self.events.resize_with(nd, Vec::new);
         for events in &mut self.events {
             events.clear();
@@ -502,335 +596,402 @@ impl Workspace {
             seq: 0,
         };
         let mut queues = Queues::new(nd, record);
-        let seg_ready = &mut self.seg_ready;
-        seg_ready.clear();
-        seg_ready.resize(num_segments, 0.0);
-        let mut prefetch_wait_s = vec![0.0f64; num_segments];
+        self.seg_ready.clear();
+        self.seg_ready.resize(num_segments, 0.0);
+        issue_prefetches(
+            inp,
+            &self.initial,
+            0.0,
+            &mut mem,
+            &mut queues,
+            &mut self.seg_ready,
+        );
+        Clock {
+            mem,
+            queues,
+            prefetch_wait_s: vec![0.0f64; num_segments],
+            makespan: 0.0,
+            last_output: f64::NEG_INFINITY,
+        }
+    }
 
-        let issue = |span_ids: &[u32],
-                     at: f64,
-                     mem: &mut Memory,
-                     queues: &mut Queues,
-                     seg_ready: &mut [f64]| {
-            for &k in span_ids {
-                let span = seg.spans[k as usize];
-                let (q, d) = (span.param, span.device);
-                let bytes = bytes_of[q as usize];
-                mem.push(d, at, bytes, true);
-                let mut ready = at;
-                if home[q as usize] == Tier::Disk {
-                    let read = bytes as f64 / disk_rate;
-                    let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
-                    ready = end;
-                    if d != HOST {
-                        // A host staging buffer until the copy on is done.
-                        mem.push(HOST, start, bytes, true);
-                    }
-                }
-                if d != HOST {
-                    let copy = bytes as f64 / devices[d as usize].h2d_bytes_per_s;
-                    let (_, end) =
-                        queues.run(Resource::HostToDevice(d), ready, copy, Activity::Param, q);
-                    if home[q as usize] == Tier::Disk {
-                        mem.push(HOST, end, bytes, false);
-                    }
-                    ready = end;
-                }
-                let slot = &mut seg_ready[span.first_segment as usize];
-                *slot = slot.max(ready);
-            }
-        };
-        issue(&self.initial, 0.0, &mut mem, &mut queues, seg_ready);
+    /// Clears the values' instances and the per-device consumer counts.
+    fn reset_values(&mut self, inp: Inputs) {
+        let nd = inp.devices.len();
+        self.instances.clear();
+        self.node_inst.clear();
+        self.input_stamp.clear();
+        self.pending.clear();
+        self.same_segment.clear();
+        self.same_segment.resize(nd, 0);
+        self.other_segments.clear();
+        self.other_segments.resize(nd, 0);
+        self.last_segment.clear();
+        self.last_segment.resize(nd, u32::MAX);
+    }
 
-        let instances = &mut self.instances;
-        let node_inst = &mut self.node_inst; // instance range start per node
-        let input_stamp = &mut self.input_stamp; // per instance: last node + 1 that read it
-        let pending = &mut self.pending; // instances the current segment releases at its end
-        instances.clear();
-        node_inst.clear();
-        input_stamp.clear();
-        pending.clear();
-        // Per device, for the value being produced: consumers in its own
-        // segment, distinct other consuming segments, and the last such
-        // segment seen.
-        let same_segment = &mut self.same_segment;
-        let other_segments = &mut self.other_segments;
-        let last_segment = &mut self.last_segment;
-        let consumer_devices = &mut self.consumer_devices;
-        same_segment.clear();
-        same_segment.resize(nd, 0);
-        other_segments.clear();
-        other_segments.resize(nd, 0);
-        last_segment.clear();
-        last_segment.resize(nd, u32::MAX);
-        let mut last_output = f64::NEG_INFINITY;
-        let mut makespan = 0.0f64;
+    /// The copy of y's value that a node of segment `sid` on `d` reads:
+    /// the reloaded one for a spilled value used after its gap.
+    fn find(&self, seg: &Segmentation, y: usize, d: u32, sid: u32) -> usize {
+        let (lo, hi) = (self.node_inst[y], self.node_inst[y + 1]);
+        let k = self.node_spill[y];
+        let reload = k != u32::MAX && sid >= seg.spills[k as usize].first_segment;
+        (lo..hi)
+            .find(|&i| self.instances[i].device == d && self.instances[i].reload == reload)
+            .expect("every consumer device of a value receives a copy")
+    }
 
-        let node_spill = &self.node_spill;
-        let spill_inst = &mut self.spill_inst;
-        let spills = &seg.spills;
-        // The copy of y's value that a node of segment `sid` on `d` reads:
-        // the reloaded one for a spilled value used after its gap.
-        let find = |instances: &[Instance], node_inst: &[usize], y: usize, d: u32, sid: u32| {
-            let (lo, hi) = (node_inst[y], node_inst[y + 1]);
-            let k = node_spill[y];
-            let reload = k != u32::MAX && sid >= spills[k as usize].first_segment;
-            (lo..hi)
-                .find(|&i| instances[i].device == d && instances[i].reload == reload)
-                .expect("every consumer device of a value receives a copy")
-        };
+    /// Simulates node `x`: the reloads of its segment when it is the first
+    /// node, its start and run, its inputs' releases, its value's copies,
+    /// and the end of its segment when it is the last node.
+    fn step(&mut self, inp: Inputs, clock: &mut Clock, x: usize) {
+        let (g, devices, pl, seg) = (inp.g, inp.devices, inp.pl, inp.seg);
+        // Instances of x start here (and those of x - 1 end here).
+        self.node_inst.push(self.instances.len());
+        let dev = pl.node_device[x];
+        let su = seg.node_segment[x] as usize;
+        let first_of_segment = seg.segment_first_node[su] as usize == x;
+        if first_of_segment {
+            self.issue_reloads(inp, clock, su, dev);
+        }
+        let start = self.node_start(inp, clock, x, first_of_segment);
+        let out = g.node_out_bytes()[x];
+        clock.mem.push(dev, start, out, true);
+        let seconds =
+            devices[dev as usize].node_time(g.node_flops()[x], g.node_bytes_accessed()[x]);
+        let (_, finish) = clock.queues.run(
+            Resource::Compute(dev),
+            start,
+            seconds,
+            Activity::Node,
+            x as u32,
+        );
+        clock.makespan = clock.makespan.max(finish);
+        self.release_inputs(inp, clock, x, finish);
+        self.count_consumers(inp, x);
+        let lo = self.make_instances(inp, clock, x, finish);
+        self.settle_value(inp, clock, x, lo, finish);
+        if seg.segment_last_node[su] as usize == x {
+            self.end_segment(inp, clock, su, finish);
+        }
+    }
 
-        // x indexes the graph's arrays as much as the workspace's.
-        #[allow(clippy::needless_range_loop)]
-        for x in 0..n {
-            // Instances of x start here (and those of x - 1 end here).
-            node_inst.push(instances.len());
-            let dev = pl.node_device[x];
-            let du = dev as usize;
-            let sid = seg.node_segment[x];
-            let su = sid as usize;
-            let first_of_segment = seg.segment_first_node[su] as usize == x;
+    /// Issues the reloads of segment `su` (on `dev`) when the device is free
+    /// to start the segment: each copies a spilled value's host copy back
+    /// once it is there, frees the host copy and makes the reloaded copy
+    /// ready.
+    fn issue_reloads(&mut self, inp: Inputs, clock: &mut Clock, su: usize, dev: u32) {
+        let (devices, seg) = (inp.devices, inp.seg);
+        let at = clock.queues.free_at(Resource::Compute(dev));
+        for &k in group(&self.reload_offsets, &self.reload_ids, su) {
+            let spill = seg.spills[k as usize];
+            let host = self.spill_inst[k as usize];
+            let instances = &mut self.instances;
+            let (bytes, on_host) = (instances[host].bytes, instances[host].ready);
+            let copy = bytes as f64 / devices[spill.device as usize].h2d_bytes_per_s;
+            clock.mem.push(spill.device, at, bytes, true);
+            let (_, end) = clock.queues.run(
+                Resource::HostToDevice(spill.device),
+                at.max(on_host),
+                copy,
+                Activity::Reload,
+                spill.node,
+            );
+            instances[host].floor = end;
+            let inst = instances[host];
+            clock.mem.release(&inst, end);
+            instances[host + 1].ready = end;
+        }
+    }
 
-            if first_of_segment {
-                // Reloads go out when the device is free to start the segment.
-                let at = queues.free_at(Resource::Compute(dev));
-                for &k in group(&self.reload_offsets, &self.reload_ids, su) {
-                    let spill = seg.spills[k as usize];
-                    let host = spill_inst[k as usize];
-                    let (bytes, on_host) = (instances[host].bytes, instances[host].ready);
-                    let copy = bytes as f64 / devices[spill.device as usize].h2d_bytes_per_s;
-                    mem.push(spill.device, at, bytes, true);
-                    let (_, end) = queues.run(
-                        Resource::HostToDevice(spill.device),
-                        at.max(on_host),
-                        copy,
-                        Activity::Reload,
-                        spill.node,
-                    );
-                    instances[host].floor = end;
-                    let inst = instances[host];
-                    mem.release(&inst, end);
-                    instances[host + 1].ready = end;
-                }
-            }
-
-            let mut ready = queues.free_at(Resource::Compute(dev));
-            for &y in g.inputs(x) {
-                let i = find(instances, node_inst, y as usize, dev, sid);
-                ready = ready.max(instances[i].ready);
-            }
-            let mut start = ready.max(seg_ready[su]);
-            if first_of_segment {
-                let ids = group(&self.issue_offsets, &self.issue_ids, su);
-                issue(ids, start, &mut mem, &mut queues, seg_ready);
-                // reads issued by the segment for itself (prefetch depth 0) delay it
-                start = start.max(seg_ready[su]);
-                // Compared first: two infinite times would subtract to NaN.
-                prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
-            }
-            let out = g.node_out_bytes()[x];
-            mem.push(dev, start, out, true);
-            let seconds = devices[du].node_time(g.node_flops()[x], g.node_bytes_accessed()[x]);
-            let (_, finish) = queues.run(
-                Resource::Compute(dev),
+    /// When node `x` starts: once its device is free, its inputs are on its
+    /// device and its segment's prefetches have arrived. The first node of
+    /// a segment issues the prefetches that segment's start issues (reads
+    /// it issues for itself, at prefetch depth 0, delay it) and records how
+    /// long the segment waited for prefetches.
+    fn node_start(&mut self, inp: Inputs, clock: &mut Clock, x: usize, first: bool) -> f64 {
+        let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
+        let dev = pl.node_device[x];
+        let sid = seg.node_segment[x];
+        let su = sid as usize;
+        let mut ready = clock.queues.free_at(Resource::Compute(dev));
+        for &y in g.inputs(x) {
+            let i = self.find(seg, y as usize, dev, sid);
+            ready = ready.max(self.instances[i].ready);
+        }
+        let mut start = ready.max(self.seg_ready[su]);
+        if first {
+            let ids = group(&self.issue_offsets, &self.issue_ids, su);
+            issue_prefetches(
+                inp,
+                ids,
                 start,
-                seconds,
-                Activity::Node,
+                &mut clock.mem,
+                &mut clock.queues,
+                &mut self.seg_ready,
+            );
+            // reads issued by the segment for itself (prefetch depth 0) delay it
+            start = start.max(self.seg_ready[su]);
+            // Compared first: two infinite times would subtract to NaN.
+            clock.prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
+        }
+        start
+    }
+
+    /// Releases node `x`'s inputs (each instance once per node): those made
+    /// in its segment now that it finished, the others when its segment
+    /// ends.
+    fn release_inputs(&mut self, inp: Inputs, clock: &mut Clock, x: usize, finish: f64) {
+        let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
+        let dev = pl.node_device[x];
+        let sid = seg.node_segment[x];
+        let tag = x as u32 + 1;
+        for &y in g.inputs(x) {
+            let i = self.find(seg, y as usize, dev, sid);
+            if self.input_stamp[i] == tag {
+                continue;
+            }
+            self.input_stamp[i] = tag;
+            let instances = &mut self.instances;
+            if instances[i].segment == sid {
+                instances[i].remaining -= 1;
+                if instances[i].remaining == 0 {
+                    let inst = instances[i];
+                    clock.mem.release(&inst, finish);
+                }
+            } else if instances[i].pending_in != sid + 1 {
+                instances[i].pending_in = sid + 1;
+                self.pending.push(i);
+            }
+        }
+    }
+
+    /// Where, and for how many releases, x's value is needed: the devices of
+    /// its consumers (sorted), and per device the consumers in x's own
+    /// segment and the distinct other consuming segments.
+    fn count_consumers(&mut self, inp: Inputs, x: usize) {
+        let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
+        let dev = pl.node_device[x];
+        let sid = seg.node_segment[x];
+        self.consumer_devices.clear();
+        for &c in g.consumers(x) {
+            let cd = pl.node_device[c as usize];
+            let cs = seg.node_segment[c as usize];
+            let cdu = cd as usize;
+            if self.same_segment[cdu] == 0 && self.other_segments[cdu] == 0 {
+                self.consumer_devices.push(cd);
+            }
+            if cd == dev && cs == sid {
+                self.same_segment[cdu] += 1;
+            } else if self.last_segment[cdu] != cs {
+                self.last_segment[cdu] = cs;
+                self.other_segments[cdu] += 1;
+            }
+        }
+        self.consumer_devices.sort_unstable();
+    }
+
+    /// The releases a copy of the value being made on `d` waits for.
+    fn releases(&self, d: u32) -> u32 {
+        self.same_segment[d as usize] + self.other_segments[d as usize]
+    }
+
+    /// The instances of x's value, which `finish`ed: its own; a host copy
+    /// for consumers on other devices or to spill it; the reloaded copy of
+    /// a spilled value; a copy on each other accelerator consuming it (from
+    /// the host copy when there is one). Returns the index of the first.
+    fn make_instances(&mut self, inp: Inputs, clock: &mut Clock, x: usize, finish: f64) -> usize {
+        let (g, devices, pl, seg) = (inp.g, inp.devices, inp.pl, inp.seg);
+        let dev = pl.node_device[x];
+        let du = dev as usize;
+        let sid = seg.node_segment[x];
+        let out = g.node_out_bytes()[x];
+        let is_output = g.is_output(x);
+
+        let lo = self.instances.len();
+        let spill = self.node_spill[x];
+        let remaining = if spill == u32::MAX {
+            self.releases(dev) + u32::from(is_output && dev != HOST)
+        } else {
+            self.same_segment[du] + seg.spills[spill as usize].near_segments
+        };
+        self.instances.push(Instance {
+            device: dev,
+            bytes: out,
+            ready: finish,
+            remaining,
+            floor: finish,
+            keep: is_output && dev == HOST,
+            segment: sid,
+            pending_in: 0,
+            reload: false,
+        });
+        // A copy on the host: for consumers on other devices, or to spill
+        // (spillable values have no other consumers).
+        let spilled = spill != u32::MAX;
+        let mut host_copy = None;
+        if dev != HOST && (spilled || self.consumer_devices.iter().any(|&cd| cd != dev)) {
+            let copy = out as f64 / devices[du].d2h_bytes_per_s;
+            let activity = if spilled {
+                Activity::Spill
+            } else {
+                Activity::Value
+            };
+            let (cs, ce) = clock.queues.run(
+                Resource::DeviceToHost(dev),
+                finish,
+                copy,
+                activity,
                 x as u32,
             );
-            makespan = makespan.max(finish);
-
-            // Inputs: released now when made in this segment, else when it ends.
-            let tag = x as u32 + 1;
-            for &y in g.inputs(x) {
-                let i = find(instances, node_inst, y as usize, dev, sid);
-                if input_stamp[i] == tag {
-                    continue;
-                }
-                input_stamp[i] = tag;
-                if instances[i].segment == sid {
-                    instances[i].remaining -= 1;
-                    if instances[i].remaining == 0 {
-                        let inst = instances[i];
-                        mem.release(&inst, finish);
-                    }
-                } else if instances[i].pending_in != sid + 1 {
-                    instances[i].pending_in = sid + 1;
-                    pending.push(i);
-                }
-            }
-
-            // Where, and for how many releases, x's value is needed.
-            consumer_devices.clear();
-            for &c in g.consumers(x) {
-                let cd = pl.node_device[c as usize];
-                let cs = seg.node_segment[c as usize];
-                let cdu = cd as usize;
-                if same_segment[cdu] == 0 && other_segments[cdu] == 0 {
-                    consumer_devices.push(cd);
-                }
-                if cd == dev && cs == sid {
-                    same_segment[cdu] += 1;
-                } else if last_segment[cdu] != cs {
-                    last_segment[cdu] = cs;
-                    other_segments[cdu] += 1;
-                }
-            }
-            consumer_devices.sort_unstable();
-            let releases = |d: u32| same_segment[d as usize] + other_segments[d as usize];
-            let is_output = g.is_output(x);
-
-            let lo = instances.len();
-            let spill = node_spill[x];
-            instances.push(Instance {
-                device: dev,
+            clock.mem.push(HOST, cs, out, true);
+            self.instances[lo].floor = self.instances[lo].floor.max(ce);
+            host_copy = Some(self.instances.len());
+            // a spilled value's host copy is freed by its reload
+            let remaining = if spilled { 1 } else { self.releases(HOST) };
+            self.instances.push(Instance {
+                device: HOST,
                 bytes: out,
-                ready: finish,
-                remaining: if spill == u32::MAX {
-                    releases(dev) + u32::from(is_output && dev != HOST)
-                } else {
-                    same_segment[du] + seg.spills[spill as usize].near_segments
-                },
-                floor: finish,
-                keep: is_output && dev == HOST,
-                segment: sid,
+                ready: ce,
+                remaining,
+                floor: ce,
+                keep: false,
+                segment: u32::MAX,
                 pending_in: 0,
                 reload: false,
             });
-            // A copy on the host: for consumers on other devices, or to spill
-            // (spillable values have no other consumers).
-            let spilled = spill != u32::MAX;
-            let mut host_copy = None;
-            if dev != HOST && (spilled || consumer_devices.iter().any(|&cd| cd != dev)) {
-                let copy = out as f64 / devices[du].d2h_bytes_per_s;
-                let activity = if spilled {
-                    Activity::Spill
-                } else {
-                    Activity::Value
-                };
-                let (cs, ce) = queues.run(
-                    Resource::DeviceToHost(dev),
-                    finish,
-                    copy,
-                    activity,
-                    x as u32,
-                );
-                mem.push(HOST, cs, out, true);
-                instances[lo].floor = instances[lo].floor.max(ce);
-                host_copy = Some(instances.len());
-                instances.push(Instance {
-                    device: HOST,
-                    bytes: out,
-                    ready: ce,
-                    // a spilled value's host copy is freed by its reload
-                    remaining: if spilled { 1 } else { releases(HOST) },
-                    floor: ce,
-                    keep: false,
-                    segment: u32::MAX,
-                    pending_in: 0,
-                    reload: false,
-                });
+        }
+        if let (true, Some(host)) = (spilled, host_copy) {
+            self.spill_inst[spill as usize] = host;
+            // The reloaded copy, ready once its reload is issued.
+            let remaining = self.other_segments[du] - seg.spills[spill as usize].near_segments;
+            let floor = self.instances[host].floor;
+            self.instances.push(Instance {
+                device: dev,
+                bytes: out,
+                ready: f64::INFINITY,
+                remaining,
+                floor,
+                keep: false,
+                segment: u32::MAX,
+                pending_in: 0,
+                reload: true,
+            });
+        }
+        for k in 0..self.consumer_devices.len() {
+            let cd = self.consumer_devices[k];
+            if cd == dev || cd == HOST {
+                continue;
             }
-            if let (true, Some(host)) = (spilled, host_copy) {
-                spill_inst[spill as usize] = host;
-                // The reloaded copy, ready once its reload is issued.
-                instances.push(Instance {
-                    device: dev,
-                    bytes: out,
-                    ready: f64::INFINITY,
-                    remaining: other_segments[du] - seg.spills[spill as usize].near_segments,
-                    floor: instances[host].floor,
-                    keep: false,
-                    segment: u32::MAX,
-                    pending_in: 0,
-                    reload: true,
-                });
-            }
-            for &cd in consumer_devices.iter() {
-                if cd == dev || cd == HOST {
-                    continue;
-                }
-                let src = host_copy.unwrap_or(lo);
-                let copy = out as f64 / devices[cd as usize].h2d_bytes_per_s;
-                let (cs, ce) = queues.run(
-                    Resource::HostToDevice(cd),
-                    instances[src].ready,
-                    copy,
-                    Activity::Value,
-                    x as u32,
-                );
-                mem.push(cd, cs, out, true);
-                instances[src].floor = instances[src].floor.max(ce);
-                instances.push(Instance {
-                    device: cd,
-                    bytes: out,
-                    ready: ce,
-                    remaining: releases(cd),
-                    floor: ce,
-                    keep: false,
-                    segment: u32::MAX,
-                    pending_in: 0,
-                    reload: false,
-                });
-            }
-            for &cd in consumer_devices.iter() {
-                let cdu = cd as usize;
-                same_segment[cdu] = 0;
-                other_segments[cdu] = 0;
-                last_segment[cdu] = u32::MAX;
-            }
-            input_stamp.resize(instances.len(), 0);
-            if is_output && dev == HOST {
-                last_output = last_output.max(finish);
-            }
-            for inst in &instances[lo..] {
-                if inst.remaining == 0 {
-                    mem.release(inst, inst.ready);
-                }
-            }
+            let src = host_copy.unwrap_or(lo);
+            let copy = out as f64 / devices[cd as usize].h2d_bytes_per_s;
+            let (cs, ce) = clock.queues.run(
+                Resource::HostToDevice(cd),
+                self.instances[src].ready,
+                copy,
+                Activity::Value,
+                x as u32,
+            );
+            clock.mem.push(cd, cs, out, true);
+            self.instances[src].floor = self.instances[src].floor.max(ce);
+            let remaining = self.releases(cd);
+            self.instances.push(Instance {
+                device: cd,
+                bytes: out,
+                ready: ce,
+                remaining,
+                floor: ce,
+                keep: false,
+                segment: u32::MAX,
+                pending_in: 0,
+                reload: false,
+            });
+        }
+        lo
+    }
 
-            if seg.segment_last_node[su] as usize == x {
-                for &i in pending.iter() {
-                    instances[i].remaining -= 1;
-                    if instances[i].remaining == 0 {
-                        let inst = instances[i];
-                        mem.release(&inst, finish);
-                    }
-                }
-                pending.clear();
-                for &k in group(&self.evict_offsets, &self.evict_ids, su) {
-                    let span = seg.spans[k as usize];
-                    let bytes = bytes_of[span.param as usize];
-                    mem.push(span.device, finish, bytes, false);
-                }
+    /// After x's instances (from `lo`) are made: clears the consumer counts,
+    /// notes a graph output made on the host, and frees the instances no
+    /// one waits for.
+    fn settle_value(&mut self, inp: Inputs, clock: &mut Clock, x: usize, lo: usize, finish: f64) {
+        let (g, pl) = (inp.g, inp.pl);
+        let dev = pl.node_device[x];
+        for &cd in &self.consumer_devices {
+            let cdu = cd as usize;
+            self.same_segment[cdu] = 0;
+            self.other_segments[cdu] = 0;
+            self.last_segment[cdu] = u32::MAX;
+        }
+        self.input_stamp.resize(self.instances.len(), 0);
+        if g.is_output(x) && dev == HOST {
+            clock.last_output = clock.last_output.max(finish);
+        }
+        for inst in &self.instances[lo..] {
+            if inst.remaining == 0 {
+                clock.mem.release(inst, inst.ready);
             }
         }
-        node_inst.push(instances.len());
+    }
 
-        // Graph outputs made on accelerators go back to the host at the end.
-        for x in (0..n).filter(|&x| g.is_output(x) && pl.node_device[x] != HOST) {
+    /// The end of segment `su`, at `finish`: releases what it held for its
+    /// whole run and evicts the streamed parameters it used last.
+    fn end_segment(&mut self, inp: Inputs, clock: &mut Clock, su: usize, finish: f64) {
+        let (g, seg) = (inp.g, inp.seg);
+        for &i in &self.pending {
+            self.instances[i].remaining -= 1;
+            if self.instances[i].remaining == 0 {
+                let inst = self.instances[i];
+                clock.mem.release(&inst, finish);
+            }
+        }
+        self.pending.clear();
+        let bytes_of = g.param_bytes();
+        for &k in group(&self.evict_offsets, &self.evict_ids, su) {
+            let span = seg.spans[k as usize];
+            let bytes = bytes_of[span.param as usize];
+            clock.mem.push(span.device, finish, bytes, false);
+        }
+    }
+
+    /// Graph outputs made on accelerators go back to the host at the end,
+    /// once every node has finished.
+    fn copy_outputs_back(&mut self, inp: Inputs, clock: &mut Clock) {
+        let (g, devices, pl) = (inp.g, inp.devices, inp.pl);
+        for x in (0..g.num_nodes()).filter(|&x| g.is_output(x) && pl.node_device[x] != HOST) {
             let dev = pl.node_device[x];
-            let home_inst = node_inst[x];
+            let home_inst = self.node_inst[x];
             let out = g.node_out_bytes()[x];
             let copy = out as f64 / devices[dev as usize].d2h_bytes_per_s;
-            let (cs, ce) = queues.run(
+            let (cs, ce) = clock.queues.run(
                 Resource::DeviceToHost(dev),
-                makespan,
+                clock.makespan,
                 copy,
                 Activity::Output,
                 x as u32,
             );
-            mem.push(HOST, cs, out, true);
-            last_output = last_output.max(ce);
-            let inst = &mut instances[home_inst];
+            clock.mem.push(HOST, cs, out, true);
+            clock.last_output = clock.last_output.max(ce);
+            let inst = &mut self.instances[home_inst];
             inst.floor = inst.floor.max(ce);
             inst.remaining -= 1;
             if inst.remaining == 0 {
                 let inst = *inst;
-                mem.release(&inst, ce);
+                clock.mem.release(&inst, ce);
             }
         }
+    }
 
+    /// The peaks, the predicted time (the last output on the host, or the
+    /// makespan without outputs), the busy seconds and the lower bound;
+    /// keeps the event buffers for the next run.
+    fn finish(&mut self, inp: Inputs, clock: Clock) -> Simulation {
+        let Clock {
+            mut mem,
+            queues,
+            prefetch_wait_s,
+            makespan,
+            last_output,
+        } = clock;
         let peak_bytes = mem.peaks(&self.base);
         self.events = mem.events;
         let predicted_time_s = if last_output.is_finite() {
@@ -838,10 +999,11 @@ impl Workspace {
         } else {
             makespan
         };
-        let busy_s: Vec<(Resource, f64)> = Resource::all(nd, g.has_disk_params())
-            .into_iter()
-            .map(|r| (r, queues.busy[queues.slot(r)]))
-            .collect();
+        let busy_s: Vec<(Resource, f64)> =
+            Resource::all(inp.devices.len(), inp.g.has_disk_params())
+                .into_iter()
+                .map(|r| (r, queues.busy[queues.slot(r)]))
+                .collect();
         let lower_bound_s = busy_s.iter().map(|&(_, b)| b).fold(0.0, f64::max);
         Simulation {
             predicted_time_s,

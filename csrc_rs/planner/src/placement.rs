@@ -1,4 +1,5 @@
-//! Placements and their segments.
+//! Placements and their segments: what the search proposes and the
+//! simulator runs (the search and the simulator both build on this module).
 
 use crate::graph::{CostGraph, Tier};
 
