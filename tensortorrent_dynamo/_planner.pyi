@@ -294,7 +294,9 @@ def plan(
     ``split`` when given (the same work with large weights cut into row chunks;
     ``Plan.split`` is then true and the plan's indices refer to it) or else ``graph``,
     with every disk-allowed parameter homed on disk; ``Plan.param_home`` says which
-    homes were planned. Raises ``PlanInfeasible`` (with ``min_budgets``) when no
+    homes were planned. When some home of ``graph`` is disk already, ``split`` is
+    planned from the start (its homes as given), the same fallback moving its other
+    disk-allowed parameters to disk. Raises ``PlanInfeasible`` (with ``min_budgets``) when no
     candidate fits the budgets (the disk variant's error when it was planned) and
     ``OptionsError`` for an option out of range.
     """

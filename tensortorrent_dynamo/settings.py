@@ -304,14 +304,18 @@ def _number(
     return float(value)
 
 
-def _count(merged: Mapping[str, Any], key: str, minimum: int, optional: bool = False) -> Any:
-    """The option ``key`` as an integer of at least ``minimum``; ``None`` stays ``None``
+def _count(
+    merged: Mapping[str, Any], key: str, minimum: int, maximum: int, optional: bool = False
+) -> Any:
+    """The option ``key`` as an integer in ``[minimum, maximum]``; ``None`` stays ``None``
     where ``optional``."""
     value = merged.get(key, _default(key))
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionsError(f"option {key!r}: expected an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise OptionsError(
+            f"option {key!r}: expected an integer from {minimum} to {maximum}, got {value!r}"
+        )
     return value
 
 
@@ -387,9 +391,10 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
     io_timeout_s = _number(merged, "io_timeout_s", "seconds", minimum=0.0, inclusive=False)
     memory_slack = _number(merged, "memory_slack", "a fraction", minimum=0.0)
     time_limit = _number(merged, "planner_time_limit_s", "seconds", minimum=0.0, optional=True)
-    read_threads = _count(merged, "read_threads", minimum=1)
-    prefetch_depth = _count(merged, "prefetch_depth", minimum=1)
-    node_limit = _count(merged, "planner_node_limit", minimum=1, optional=True)
+    read_threads = _count(merged, "read_threads", minimum=1, maximum=256)
+    # the native planner's types: a u32 depth, a u64 node count
+    prefetch_depth = _count(merged, "prefetch_depth", minimum=1, maximum=2**32 - 1)
+    node_limit = _count(merged, "planner_node_limit", 1, 2**64 - 1, optional=True)
 
     return Settings(
         io_timeout_s=io_timeout_s,

@@ -71,9 +71,10 @@ class Decisions:
                 raise ValueError(f"decisions.{key} is not a list of {kind.__name__}")
         if not all(0 <= v < 2**31 for v in data["node_device"]):
             raise ValueError("decisions.node_device holds a device index out of range")
-        for key in ("prefetch_depth", "prefetch_window_bytes"):
-            if type(data[key]) is not int or not 0 <= data[key] < 2**63:
-                raise ValueError(f"decisions.{key} is not a non-negative integer")
+        # the native planner's types: a u32 depth, a u64 window
+        for key, bits in (("prefetch_depth", 32), ("prefetch_window_bytes", 64)):
+            if type(data[key]) is not int or not 0 <= data[key] < 2**bits:
+                raise ValueError(f"decisions.{key} is not an integer in [0, 2**{bits})")
         for key, kind in (("chosen", str), ("plan_hash", str), ("split", bool)):
             if type(data[key]) is not kind:
                 raise ValueError(f"decisions.{key} is not a {kind.__name__}")

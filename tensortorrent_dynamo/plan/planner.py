@@ -12,7 +12,7 @@ import logging
 import math
 import types
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import psutil
 
@@ -319,9 +319,12 @@ def _replay(
             node_device=list(decisions.node_device),
             param_streamed=list(decisions.param_streamed),
             value_spilled=list(decisions.value_spilled),
+            prefetch_depth=decisions.prefetch_depth,
             prefetch_window_bytes=decisions.prefetch_window_bytes,
-            trial_depth=decisions.prefetch_depth,
-            **_search_options(settings, host_compute),
+            search_prefetch_depth=settings.prefetch_depth,
+            objective=settings.objective,
+            host_compute=host_compute,
+            memory_slack=settings.memory_slack,
         )
     except (InvalidPlacement, PlanInfeasible) as exc:
         log.warning("recorded decisions do not replay (%s): searching", exc)
@@ -333,4 +336,4 @@ def _replay(
             decisions.plan_hash,
         )
         return None
-    return native
+    return cast("_planner.Plan", native)

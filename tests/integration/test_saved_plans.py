@@ -40,8 +40,10 @@ def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     compiled.save(path)
     data = json.loads(path.read_text())
-    assert data["format_version"] == 1 and len(data["graphs"]) == 3
-    assert {"placement", "residency", "segments", "graph_hash"} <= set(data["graphs"][0])
+    assert data["format_version"] == 2 and len(data["graphs"]) == 3
+    assert {"placement", "residency", "segments", "graph_hash", "decisions"} <= set(
+        data["graphs"][0]
+    )
     result = subprocess.run(
         [sys.executable, "-c", FRESH, str(path)],
         capture_output=True,
@@ -54,6 +56,37 @@ def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     assert reloaded["hashes"] == compiled.plan_hashes()
     with torch.no_grad():
         assert reloaded["out"] == pytest.approx(compiled(x).sum().item(), rel=1e-6)
+
+
+def test_a_saved_plan_is_replayed_not_searched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "plan.json"
+    model, x = mlp(64, 4), torch.randn(4, 64)
+    saved = tt.compile(model, example_inputs=(x,), **OPTIONS)
+    saved.save(path)
+    hashes = saved.plan_hashes()
+    torch._dynamo.reset()
+    with caplog.at_level("INFO", logger="tensortorrent_dynamo"):
+        compiled = tt.load(path, model, example_inputs=(x,))
+    assert compiled.plan_hashes() == hashes
+    assert "taken from the saved plan, search skipped" in caplog.text
+    (graph,) = compiled.graphs
+    assert graph.plan.native.stop_reason.startswith("replayed")
+
+
+def test_a_plan_its_decisions_do_not_give_is_refused(tmp_path: Path) -> None:
+    """Decisions that replay to another hash, and a search that does not find the saved
+    hash either: the file no longer describes a plan this planner makes."""
+    path = tmp_path / "plan.json"
+    model, x = mlp(64, 4), torch.randn(4, 64)
+    tt.compile(model, example_inputs=(x,), **OPTIONS).save(path)
+    data = json.loads(path.read_text())
+    data["graphs"][0]["plan_hash"] = data["graphs"][0]["decisions"]["plan_hash"] = "0" * 16
+    path.write_text(json.dumps(data))
+    torch._dynamo.reset()
+    with pytest.raises(tt.StalePlanError, match="no longer give plan 0000000000000000"):
+        tt.load(path, model, example_inputs=(x,))
 
 
 def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:

@@ -225,7 +225,7 @@ def plan_file(workdir: Path) -> tuple[Path, CompiledGraph]:
 def test_the_valid_plan_loads(plan_file: tuple[Path, CompiledGraph]) -> None:
     path, graph = plan_file
     record = saved_plan.load(path).check(graph.plan.cost, graph.profile)
-    assert record["plan_hash"] == graph.plan.plan_hash
+    assert record.plan_hash == graph.plan.plan_hash
 
 
 @given(data=st.data())
@@ -240,7 +240,7 @@ def test_a_damaged_plan_raises_plan_errors(
 
     def load_and_check() -> None:
         record = saved_plan.load(bad).check(graph.plan.cost, graph.profile)
-        assert isinstance(record["plan_hash"], str)  # what the backend reads of it
+        assert isinstance(record.plan_hash, str)  # what the backend reads of it
 
     outcome(load_and_check, (PlanFormatError, StalePlanError))
     with quiet():

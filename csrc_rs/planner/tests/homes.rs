@@ -137,6 +137,43 @@ fn the_split_graph_is_planned_when_given() {
 }
 
 #[test]
+fn weights_already_on_disk_are_planned_in_the_split_graph_from_the_start() {
+    // The first weight is bound to a checkpoint: in the split graph, its two chunks are.
+    let homes = |n: usize, disk: usize| {
+        (0..n)
+            .map(|q| if q < disk { Tier::Disk } else { Tier::Host })
+            .collect::<Vec<_>>()
+    };
+    let graph = allowed(model()).with_param_home(homes(LAYERS, 1)).unwrap();
+    let split = allowed(split_model())
+        .with_param_home(homes(2 * LAYERS, 2))
+        .unwrap();
+    let roomy = cpu(1 << 30);
+    let p = planner()
+        .run_with_split(&graph, Some(&split), &roomy)
+        .unwrap();
+    assert!(p.split);
+    assert_eq!(p.param_home, homes(2 * LAYERS, 2));
+    assert_eq!(
+        p.plan_hash,
+        planner().run(&split, &roomy).unwrap().plan_hash
+    );
+
+    // Short of host memory, its other weights move to disk as well.
+    let tight = cpu(10 * MIB);
+    let p = planner()
+        .run_with_split(&graph, Some(&split), &tight)
+        .unwrap();
+    assert!(p.split);
+    assert_eq!(p.param_home, vec![Tier::Disk; 2 * LAYERS]);
+
+    // Without a split graph, the graph is planned with its homes as given.
+    let p = planner().run_with_split(&graph, None, &roomy).unwrap();
+    assert!(!p.split);
+    assert_eq!(p.param_home, homes(LAYERS, 1));
+}
+
+#[test]
 fn the_disk_variants_error_is_returned() {
     // Too small for even one weight read at a time.
     let tiny = cpu(2 * MIB);

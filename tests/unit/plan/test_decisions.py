@@ -38,6 +38,8 @@ def test_decisions_survive_json() -> None:
         ({"param_streamed": [1, 0]}, "param_streamed"),
         ({"param_home": "disk"}, "param_home"),
         ({"prefetch_depth": -1}, "prefetch_depth"),
+        ({"prefetch_depth": 2**32}, "prefetch_depth"),
+        ({"prefetch_window_bytes": 2**64}, "prefetch_window_bytes"),
         ({"prefetch_window_bytes": 1.5}, "prefetch_window_bytes"),
         ({"split": 1}, "split"),
         ({"chosen": None}, "chosen"),

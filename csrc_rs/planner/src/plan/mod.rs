@@ -185,9 +185,12 @@ impl Planner {
     /// may move to disk homed there. [`Plan::param_home`] says which homes
     /// were planned.
     ///
-    /// A graph whose homes are already on disk is planned as given: a caller
-    /// with a split graph passes it as `graph` then. The node and time
-    /// limits apply to each of the two searches.
+    /// When some home of `graph` is disk already (weights bound to a
+    /// checkpoint or released to the offload store), `split` is planned from
+    /// the start, with its homes as given (the row chunks of those weights
+    /// on disk), and the fallback above moves its other disk-allowed
+    /// parameters to disk. The node and time limits apply to each of the
+    /// two searches.
     ///
     /// # Errors
     /// As the search of the graph given, or, when the disk variant was
@@ -203,14 +206,27 @@ impl Planner {
         split: Option<&CostGraph>,
         devices: &[Device],
     ) -> Result<Plan, PlanError> {
-        let error = match self.search(graph, devices) {
-            Ok(plan) => return Ok(plan),
+        // weights already on disk are read in row chunks where the split graph cuts them
+        let (first, first_split) = match split {
+            Some(split) if graph.has_disk_params() => (split, true),
+            _ => (graph, false),
+        };
+        let error = match self.search(first, devices) {
+            Ok(mut plan) => {
+                plan.split = first_split;
+                return Ok(plan);
+            }
             Err(error) => error,
         };
-        if !(host_short(&error, devices) && graph.may_move_to_disk()) {
+        if !(host_short(&error, devices) && first.may_move_to_disk()) {
             return Err(error);
         }
-        let variant = split.unwrap_or(graph).moved_to_disk();
+        let variant = if first_split {
+            first
+        } else {
+            split.unwrap_or(graph)
+        }
+        .moved_to_disk();
         let mut plan = self.search(&variant, devices)?;
         plan.split = split.is_some();
         Ok(plan)
