@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
-from tensortorrent_dynamo import backend
+from tensortorrent_dynamo import pipeline
 from tensortorrent_dynamo.compiling.segments import compile_segments
 from tests.models import mlp, param_bytes
 
@@ -70,7 +70,7 @@ def test_a_wrong_segment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         broken.append((names[1], segment.device))
         return used
 
-    monkeypatch.setattr(backend, "compile_segments", compile_then_break)
+    monkeypatch.setattr(pipeline, "compile_segments", compile_then_break)
     with pytest.raises(tt.VerifyMismatch) as raised, torch.no_grad():
         _streamed(model, x)(x)
     ((name, device),) = broken
