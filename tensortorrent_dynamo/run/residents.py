@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import weakref
 from collections.abc import Callable, Mapping
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
@@ -64,30 +64,42 @@ class DiskTier:
 class ResidentCopies:
     """The copies of parameters kept on a device for the whole run, by parameter and device.
 
-    A copy is valid while its parameter is alive and unchanged (same ``_version``).
+    A copy is valid while its parameter is unchanged (same ``_version``); it is dropped
+    when its parameter is.
     """
 
     def __init__(self) -> None:
-        # (id(param), device) -> (fqn, copy, the parameter, its version when copied)
-        self._copies: dict[
-            tuple[int, str], tuple[str, torch.Tensor, weakref.ref[torch.Tensor], int]
-        ] = {}
+        # parameter -> device -> (fqn, copy, the parameter's version when copied)
+        self._copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def _of(self, param: torch.Tensor) -> dict[str, tuple[str, torch.Tensor, int]]:
+        by_device: dict[str, tuple[str, torch.Tensor, int]] = self._copies.setdefault(  # type: ignore[no-untyped-call]
+            param, {}
+        )
+        return by_device
 
     def get(self, param: torch.Tensor, device: str) -> torch.Tensor | None:
-        entry = self._copies.get((id(param), device))
-        if entry is None or entry[2]() is not param or entry[3] != param._version:
+        entry = self._of(param).get(device)
+        if entry is None or entry[2] != param._version:
             return None
         return entry[1]
 
     def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
-        self._copies[(id(param), device)] = (fqn, copy, weakref.ref(param), param._version)
+        self._of(param)[device] = (fqn, copy, param._version)
+
+    def _entries(self) -> list[tuple[dict[str, tuple[str, torch.Tensor, int]], str]]:
+        values = self._copies.values()  # type: ignore[no-untyped-call]
+        return [(by_device, d) for by_device in values for d in list(by_device)]
 
     def copies(self) -> list[tuple[str, torch.Tensor]]:
-        """(fqn, copy) of every copy whose parameter is still alive."""
-        return [(fqn, copy) for fqn, copy, ref, _ in self._copies.values() if ref() is not None]
+        """(fqn, copy) of every copy (their parameters are alive)."""
+        return [(by_device[d][0], by_device[d][1]) for by_device, d in self._entries()]
 
     def evict(self, keep: Callable[[str, str], bool]) -> list[str]:
         """Drop the copies for which ``keep(fqn, device)`` is false (their memory is freed
         once nothing else uses them); returns their fqns."""
-        dropped = [key for key, entry in self._copies.items() if not keep(entry[0], key[1])]
-        return [self._copies.pop(key)[0] for key in dropped]
+        dropped = []
+        for by_device, device in self._entries():
+            if not keep(by_device[device][0], device):
+                dropped.append(by_device.pop(device)[0])
+        return dropped

@@ -1,0 +1,81 @@
+"""``passes.rewrite``: the plan becomes the schedule the graph runs, one runtime op per move
+the plan makes."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from tensortorrent_dynamo.cost_graph import build_cost_graph
+from tensortorrent_dynamo.functional import capture
+from tensortorrent_dynamo.passes.rewrite import rewrite
+from tensortorrent_dynamo.plan.planner import GraphPlan, plan_graph
+from tensortorrent_dynamo.profile import host_profile
+from tensortorrent_dynamo.run import ops
+from tensortorrent_dynamo.run.residents import ResidentCopies
+from tensortorrent_dynamo.run.runtime import Runtime
+from tensortorrent_dynamo.run.virtual import VirtualDevice
+from tensortorrent_dynamo.settings import parse_options
+from tests.models import mlp
+
+VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
+
+
+def _rewritten(budget: str) -> tuple[Any, GraphPlan, Any, torch.nn.Module, torch.Tensor]:
+    model, x = mlp(64, 4), torch.randn(4, 64)
+    ((gm, inputs),) = capture(model, x)
+    cost = build_cost_graph(gm, inputs.values, inputs.params)
+    settings = parse_options(
+        compiler="eager", budgets={"virtual:0": budget}, virtual_devices=VIRTUAL
+    )
+    plan = plan_graph(0, cost, host_profile(settings), settings, {})
+    virtual = {"virtual:0": VirtualDevice("virtual:0", 1 << 30)}
+    runtime = Runtime(virtual, None, ResidentCopies())
+    return rewrite(gm, plan, runtime), plan, inputs, model, x
+
+
+def _calls(module: torch.fx.GraphModule, target: Any) -> list[torch.fx.Node]:
+    return [n for n in module.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+def test_streamed_parameters_are_prefetched_waited_for_and_evicted_once() -> None:
+    rewritten, plan, inputs, model, x = _rewritten("40KiB")
+    streamed = {
+        p.placeholder for p, r in zip(plan.cost.params, plan.residency, strict=True) if r.streams
+    }
+    resident = {
+        p.placeholder
+        for p, r in zip(plan.cost.params, plan.residency, strict=True)
+        if not r.streams and r.device != "cpu"
+    }
+    assert streamed, "the budget must force streaming"
+    module = rewritten.module
+    prefetched = {n.args[1].name for n in _calls(module, ops.prefetch)}
+    kept = {n.args[1].name for n in _calls(module, ops.resident)}
+    assert prefetched == streamed and kept == resident
+    # each prefetch is waited for once and evicted once, after the wait
+    order = list(module.graph.nodes)
+    for prefetch in _calls(module, ops.prefetch):
+        (wait,) = [u for u in prefetch.users if u.target is ops.wait]
+        (evict,) = [u for u in prefetch.users if u.target is ops.evict]
+        assert order.index(prefetch) < order.index(wait) < order.index(evict)
+    # the schedule computes what the model does
+    with torch.no_grad():
+        (got,) = module(*inputs.values)
+        torch.testing.assert_close(got, model(x))
+
+
+def test_every_segment_runs_on_its_planned_device_and_outputs_come_back() -> None:
+    rewritten, plan, _, _, _ = _rewritten("1MiB")
+    assert set(rewritten.segments.values()) <= {d.name for d in plan.devices}
+    assert not _calls(rewritten.module, ops.prefetch)  # roomy: nothing streams
+    output = next(n for n in rewritten.module.graph.nodes if n.op == "output")
+    (results,) = output.args
+    (value,) = results
+    if "virtual:0" in rewritten.segments.values():
+        # the last segment ran on the accelerator: its output is transferred back
+        assert value.target is ops.transfer and value.args[2] == "cpu"
+    else:
+        assert value.target in (operator.getitem,) or value.op == "call_module"

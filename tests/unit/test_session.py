@@ -1,0 +1,99 @@
+"""``session``: what the graphs of one set of settings share, and which resident copies each
+keeps beside the others."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from tensortorrent_dynamo.plan.residency import Residency, Tier
+from tensortorrent_dynamo.session import Session, resident_set
+from tensortorrent_dynamo.settings import parse_options
+
+
+def _graph(frame: int | None, residency: dict[str, Residency]) -> Any:
+    """A compiled graph as the session sees it: its frame and its plan's residencies."""
+    params = tuple(types.SimpleNamespace(fqn=fqn) for fqn in residency)
+    plan = types.SimpleNamespace(
+        cost=types.SimpleNamespace(params=params),
+        residency=tuple(residency.values()),
+        graph_index=0,
+    )
+    return types.SimpleNamespace(frame=frame, plan=plan)
+
+
+ON_ACCELERATOR = Residency("virtual:0", streams=False, tier=Tier.HOST)
+STREAMED = Residency("virtual:0", streams=True, tier=Tier.HOST)
+ON_HOST = Residency("cpu", streams=False, tier=Tier.HOST)
+READ_ONCE = Residency("cpu", streams=False, tier=Tier.DISK)
+
+
+def test_a_plan_keeps_copies_on_accelerators_and_of_disk_weights_in_ram() -> None:
+    graph = _graph(0, {"a": ON_ACCELERATOR, "b": STREAMED, "c": ON_HOST, "d": READ_ONCE})
+    assert resident_set(graph.plan) == {("a", "virtual:0"), ("d", "cpu")}
+
+
+def test_graphs_of_other_frames_keep_their_copies_beside_a_graph() -> None:
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    assert set(session.virtual) == {"virtual:0"}
+    first_break = _graph(1, {"a": ON_ACCELERATOR})
+    second_break = _graph(2, {"b": ON_ACCELERATOR})
+    recompile = _graph(1, {"c": ON_ACCELERATOR})
+    session.graphs.extend([first_break, second_break, recompile])
+    # a graph of frame 1 runs beside frame 2's copies, not beside its alternatives'
+    assert session.kept_beside(1) == {("b", "virtual:0")}
+    assert session.kept_beside(2) == {("a", "virtual:0"), ("c", "virtual:0")}
+    assert session.kept_beside(None) == {(f, "virtual:0") for f in "abc"}
+
+
+def test_entering_a_graph_drops_the_copies_only_its_alternatives_keep() -> None:
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    first, other_frame, alternative = (
+        _graph(1, {"a": ON_ACCELERATOR}),
+        _graph(2, {"b": ON_ACCELERATOR}),
+        _graph(1, {"c": ON_ACCELERATOR}),
+    )
+    session.graphs.extend([first, other_frame, alternative])
+    params = {fqn: torch.zeros(4) for fqn in "abc"}
+    for fqn, param in params.items():
+        session.resident.put(fqn, param, "virtual:0", param.clone())
+    session.enter(first)
+    assert sorted(fqn for fqn, _ in session.resident.copies()) == ["a", "b"]
+    assert session.current is first
+    session.enter(first)  # already current: nothing to do
+    assert sorted(fqn for fqn, _ in session.resident.copies()) == ["a", "b"]
+
+
+def test_resident_bytes_count_the_other_frames_copies_and_the_weights_in_ram() -> None:
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    graph = _graph(1, {"a": ON_ACCELERATOR, "w": ON_HOST})
+    graph.plan.cost.params[1].nbytes = 64
+    graph.plan.devices = (
+        types.SimpleNamespace(name="cpu"),
+        types.SimpleNamespace(name="virtual:0"),
+    )
+    graph.runtime = types.SimpleNamespace(owner=lambda copy: "virtual:0")
+    graph.plan.cost.params[0].nbytes = 16
+    session.graphs.append(graph)
+    param = torch.zeros(4)  # 16 bytes
+    session.resident.put("a", param, "virtual:0", param.clone())
+    # beside a graph of another frame: the copy counts, and both weights the host holds
+    # (the model's own tensor stays in RAM beside its copy on the accelerator)
+    assert session.resident_bytes(2) == {"cpu": 80, "virtual:0": 16}
+    # an alternative of the graph: its copy does not count; the RAM weights do
+    assert session.resident_bytes(1) == {"cpu": 80, "virtual:0": 0}
+    # a new graph that uses "w" counts it itself
+    assert session.resident_bytes(2, exclude=frozenset({"w"})) == {"cpu": 16, "virtual:0": 16}
+
+
+def test_a_copy_goes_when_its_parameter_does() -> None:
+    session = Session.of(parse_options())
+    param = torch.zeros(4)
+    session.resident.put("a", param, "virtual:0", param.clone())
+    assert session.resident.get(param, "virtual:0") is not None
+    param.add_(1)  # changed in place: the copy is stale
+    assert session.resident.get(param, "virtual:0") is None
+    del param
+    assert session.resident.copies() == []

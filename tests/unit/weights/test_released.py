@@ -1,0 +1,176 @@
+"""Released tensors: a meta-device model bound to its safetensors checkpoint, and the
+registry of where each released tensor's bytes are."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tensortorrent_dynamo.errors import CheckpointError
+from tensortorrent_dynamo.io.locations import TensorLocation
+from tensortorrent_dynamo.io.safetensors import write_safetensors
+from tensortorrent_dynamo.weights import released
+from tensortorrent_dynamo.weights.released import bind_checkpoint, release, released_location
+
+
+class Tied(nn.Module):
+    """An embedding whose weight the output head shares, a linear layer and a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 4)
+        self.lin = nn.Linear(4, 3)
+        self.head = nn.Linear(4, 5, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.linspace(1.0, 2.0, 3))
+
+
+def _real() -> Tied:
+    torch.manual_seed(0)
+    return Tied()
+
+
+def _meta() -> Tied:
+    with torch.device("meta"):
+        return Tied()
+
+
+def _checkpoint(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, TensorLocation]:
+    return write_safetensors(path, {k: v.detach().contiguous() for k, v in tensors.items()})
+
+
+def _unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with a tied tensor stored once, under its first name."""
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state[name] = tensor
+    return state
+
+
+def _file_bytes(location: TensorLocation) -> bytes:
+    with open(location.path, "rb") as f:
+        f.seek(location.offset)
+        return f.read(location.nbytes)
+
+
+def test_every_meta_tensor_is_bound_to_an_empty_placeholder_at_its_bytes(tmp_path: Path) -> None:
+    real = _real()
+    written = _checkpoint(tmp_path / "model.safetensors", _unique_state(real))
+    model = _meta()
+    expected = {name: (t.shape, t.dtype) for name, t in model.state_dict(keep_vars=True).items()}
+
+    # emb.weight (tied with head.weight), lin.weight, lin.bias, scale
+    assert bind_checkpoint(model, tmp_path / "model.safetensors") == 4
+
+    state = model.state_dict(keep_vars=True)
+    assert set(state) == set(expected)
+    for name, tensor in state.items():
+        assert tensor.device.type == "cpu", name
+        assert (tensor.shape, tensor.dtype) == expected[name], name
+        assert tensor.untyped_storage().nbytes() == 0, name
+        location = released_location(tensor)
+        assert location is not None, name
+        stored = written["emb.weight" if name == "head.weight" else name]
+        assert (location.key, location.offset, location.nbytes) == (
+            stored.key,
+            stored.offset,
+            stored.nbytes,
+        )
+        assert location.path == (tmp_path / "model.safetensors").resolve()
+        assert tuple(location.shape) == tuple(tensor.shape) and location.dtype == tensor.dtype
+        # the location points at this tensor's own bytes in the file
+        source = real.state_dict()[name].contiguous()
+        assert _file_bytes(location) == source.numpy().tobytes(), name
+    # parameters stay parameters (with their requires_grad), buffers stay plain tensors
+    assert isinstance(model.lin.weight, nn.Parameter) and model.lin.weight.requires_grad
+    assert not isinstance(model.scale, nn.Parameter)
+    assert model.scale in list(model.buffers())
+
+
+def test_tied_weights_share_one_placeholder(tmp_path: Path) -> None:
+    # stored under the head's name only: the embedding finds it by its other name
+    state = _unique_state(_real())
+    state["head.weight"] = state.pop("emb.weight")
+    written = _checkpoint(tmp_path / "model.safetensors", state)
+    model = _meta()
+    assert bind_checkpoint(model, tmp_path / "model.safetensors") == 4
+    assert model.head.weight is model.emb.weight
+    assert len(list(model.parameters())) == 3  # the tie survived: one parameter, two names
+    location = released_location(model.emb.weight)
+    assert location is not None and location.key == "head.weight"
+    assert location.offset == written["head.weight"].offset
+
+
+def test_tensors_already_real_are_left_alone(tmp_path: Path) -> None:
+    _checkpoint(tmp_path / "model.safetensors", _unique_state(_real()))
+    model = _meta()
+    kept = torch.nn.Parameter(torch.full((3,), 7.0))
+    model.lin.bias = kept
+    assert bind_checkpoint(model, tmp_path / "model.safetensors") == 3
+    assert model.lin.bias is kept and released_location(kept) is None
+    assert torch.equal(model.lin.bias.detach(), torch.full((3,), 7.0))
+
+
+def test_a_meta_tensor_missing_from_the_checkpoint_is_named(tmp_path: Path) -> None:
+    state = _unique_state(_real())
+    del state["lin.bias"]
+    _checkpoint(tmp_path / "model.safetensors", state)
+    with pytest.raises(CheckpointError, match=r"no tensor named 'lin\.bias'"):
+        bind_checkpoint(_meta(), tmp_path / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("stored", "words"),
+    [
+        (torch.zeros(2, 4), r"lin\.weight is torch\.float32 \[2, 4\] in the file"),
+        (torch.zeros(3, 4, dtype=torch.float16), r"lin\.weight is torch\.float16 \[3, 4\]"),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_a_shape_or_dtype_mismatch_is_named(
+    tmp_path: Path, stored: torch.Tensor, words: str
+) -> None:
+    state = _unique_state(_real())
+    state["lin.weight"] = stored
+    _checkpoint(tmp_path / "model.safetensors", state)
+    with pytest.raises(CheckpointError, match=words):
+        bind_checkpoint(_meta(), tmp_path / "model.safetensors")
+
+
+def test_an_ordinary_tensor_has_no_location() -> None:
+    assert released_location(torch.ones(3)) is None
+    assert released_location(nn.Parameter(torch.ones(3))) is None
+
+
+def test_release_keeps_the_tensor_object_and_drops_its_bytes(tmp_path: Path) -> None:
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    (location,) = write_safetensors(tmp_path / "t.safetensors", {"t": tensor.clone()}).values()
+    before = id(tensor)
+    release(tensor, location)
+    assert id(tensor) == before and tensor.shape == (3, 4) and tensor.dtype == torch.float32
+    assert tensor.untyped_storage().nbytes() == 0
+    assert released_location(tensor) == location
+
+
+def test_the_registry_does_not_keep_a_tensor_alive(tmp_path: Path) -> None:
+    gc.collect()
+    before = len(released._released)
+    _checkpoint(tmp_path / "model.safetensors", _unique_state(_real()))
+    model = _meta()
+    bind_checkpoint(model, tmp_path / "model.safetensors")
+    assert len(released._released) == before + 4
+    tensor = torch.ones(2)
+    (location,) = write_safetensors(tmp_path / "t.safetensors", {"t": tensor.clone()}).values()
+    release(tensor, location)
+    assert len(released._released) == before + 5
+
+    del model, tensor
+    gc.collect()
+    assert len(released._released) == before
