@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{accelerator, host, mlp, Builder, KIB, MIB};
+use common::{accelerator, host, mlp, replayed, Builder, KIB, MIB};
 use tensortorrent_planner::{
     plan, Device, Family, Objective, Plan, PlanError, Planner, StopReason,
 };
@@ -393,18 +393,13 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
         }
     }
     // replaying the choice (the plan cache does) gives the same plan
-    let again = Planner::new(Objective::Latency)
-        .replay(
-            &g,
-            &[host(8 * weight + 4 * MIB)],
-            &p.chosen,
-            &p.node_device,
-            &p.param_streamed,
-            &p.value_spilled,
-            p.prefetch_depth,
-            p.prefetch_window_bytes,
-        )
-        .unwrap();
+    let again = replayed(
+        &Planner::new(Objective::Latency),
+        &g,
+        &[host(8 * weight + 4 * MIB)],
+        &p,
+    )
+    .unwrap();
     assert_eq!(again.prefetch_depth, 0);
     assert_eq!(again.param_issue_segment, p.param_issue_segment);
     // The recorded depth, not the name, makes it synchronous: with the same

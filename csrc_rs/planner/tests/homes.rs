@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{accelerator, host, mlp, Builder, KIB, MIB};
+use common::{accelerator, host, mlp, replayed, Builder, KIB, MIB};
 use tensortorrent_planner::{CostGraph, Device, Objective, PlanError, Planner, Tier};
 
 const LAYERS: usize = 4;
@@ -221,18 +221,7 @@ fn a_plan_with_moved_homes_replays_on_the_graph_planned() {
         // with the homes the plan reports.
         let planned = if p.split { split_model() } else { model() };
         let planned = planned.with_param_home(p.param_home.clone()).unwrap();
-        let again = planner()
-            .replay(
-                &planned,
-                &tight,
-                &p.chosen,
-                &p.node_device,
-                &p.param_streamed,
-                &p.value_spilled,
-                p.prefetch_depth,
-                p.prefetch_window_bytes,
-            )
-            .unwrap();
+        let again = replayed(&planner(), &planned, &tight, &p).unwrap();
         assert_eq!(again.plan_hash, p.plan_hash);
         assert_eq!(again.param_home, p.param_home);
         assert_eq!(again.param_issue_segment, p.param_issue_segment);

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{accelerator, host, machine, mlp, Builder, KIB, MIB};
+use common::{accelerator, host, machine, mlp, replayed, Builder, KIB, MIB};
 use tensortorrent_planner::{plan, Device, Objective, Plan, PlanError, Planner};
 
 fn candidate<'a>(p: &'a Plan, name: &str) -> &'a tensortorrent_planner::Candidate {
@@ -468,18 +468,7 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
     let devices = common::machine(10 << 20);
     let planner = Planner::new(Objective::Latency);
     let searched = planner.run(&g, &devices).expect("feasible");
-    let replayed = planner
-        .replay(
-            &g,
-            &devices,
-            &searched.chosen,
-            &searched.node_device,
-            &searched.param_streamed,
-            &searched.value_spilled,
-            searched.prefetch_depth,
-            searched.prefetch_window_bytes,
-        )
-        .expect("the chosen placement fits");
+    let replayed = replayed(&planner, &g, &devices, &searched).expect("the chosen placement fits");
     assert_eq!(replayed.plan_hash, searched.plan_hash);
     assert_eq!(replayed.node_segment, searched.node_segment);
     assert_eq!(replayed.param_issue_segment, searched.param_issue_segment);

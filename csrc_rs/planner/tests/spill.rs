@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{accelerator, host, Builder, MIB};
+use common::{accelerator, host, replayed, Builder, MIB};
 use tensortorrent_planner::{
     plan, simulate, simulate_spilled, Activity, CostGraph, Device, Objective, Planner, Resource,
 };
@@ -140,19 +140,13 @@ fn the_planner_spills_when_that_is_what_fits() {
     );
     assert!(p.peak_bytes[1] <= budget);
     // Replayed from its decisions, the plan comes back the same.
-    let again = Planner::new(Objective::Latency)
-        .with_host_compute(false)
-        .replay(
-            &g,
-            &devs,
-            &p.chosen,
-            &p.node_device,
-            &p.param_streamed,
-            &p.value_spilled,
-            p.prefetch_depth,
-            p.prefetch_window_bytes,
-        )
-        .unwrap();
+    let again = replayed(
+        &Planner::new(Objective::Latency).with_host_compute(false),
+        &g,
+        &devs,
+        &p,
+    )
+    .unwrap();
     assert_eq!(again.plan_hash, p.plan_hash);
     assert_eq!(again.value_reload_segment, p.value_reload_segment);
     // With room to hold it, nothing is spilled.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{host, Builder, MIB};
+use common::{host, replayed, Builder, MIB};
 use tensortorrent_planner::{CostGraph, Device, Objective, Planner, Tier, WINDOW_PREFIX};
 
 /// Four blocks, each a 32 MiB weight (10 ms of compute) then three layers
@@ -80,18 +80,7 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
 
     // Replayed from its decisions (the recorded depth and window), the plan
     // comes back the same.
-    let again = Planner::new(Objective::Latency)
-        .replay(
-            &g,
-            &[cpu()],
-            &p.chosen,
-            &p.node_device,
-            &p.param_streamed,
-            &p.value_spilled,
-            p.prefetch_depth,
-            p.prefetch_window_bytes,
-        )
-        .unwrap();
+    let again = replayed(&Planner::new(Objective::Latency), &g, &[cpu()], &p).unwrap();
     assert_eq!(again.plan_hash, p.plan_hash);
     assert_eq!(again.prefetch_window_bytes, window);
     assert_eq!(again.param_issue_segment, p.param_issue_segment);

@@ -3,7 +3,7 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use tensortorrent_planner::{CostGraph, Device};
+use tensortorrent_planner::{CostGraph, Device, Plan, PlanError, Planner};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
@@ -124,4 +124,24 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
+}
+
+/// `p` rebuilt by `planner` from the decisions it records (what the plan cache and saved
+/// plans do), on `g`, the graph it was planned for.
+pub fn replayed(
+    planner: &Planner,
+    g: &CostGraph,
+    devices: &[Device],
+    p: &Plan,
+) -> Result<Plan, PlanError> {
+    planner.replay(
+        g,
+        devices,
+        &p.chosen,
+        &p.node_device,
+        &p.param_streamed,
+        &p.value_spilled,
+        p.prefetch_depth,
+        p.prefetch_window_bytes,
+    )
 }
