@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..io.files import write_text
 
 if TYPE_CHECKING:
     from ..session import CompiledGraph
@@ -97,7 +98,8 @@ def chrome_trace(graphs: Sequence[CompiledGraph]) -> dict[str, Any]:
                 {"graph": gi},
             )
         simulated_at += graph.plan.predicted_time_s
-        events = graph.runtime.recorder.events
+        # what was recorded while compiling (the resident copies made then) is no call's
+        events = graph.runtime.recorder.events if graph.calls else []
         for event in events:
             tracks.span(
                 MEASURED_PID,
@@ -113,4 +115,4 @@ def chrome_trace(graphs: Sequence[CompiledGraph]) -> dict[str, Any]:
 
 
 def write_trace(path: str | os.PathLike[str], graphs: Sequence[CompiledGraph]) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(graphs)))
+    write_text(path, json.dumps(chrome_trace(graphs)))

@@ -64,7 +64,9 @@ def test_segment_rows_name_each_segment_and_its_device() -> None:
 
 def test_the_disk_tier_section_counts_what_the_plan_reads_and_keeps(tmp_path: Path) -> None:
     budget = param_bytes(mlp(64, 4)) // 2
-    graph = _graph(64, 4, budgets={"cpu": budget}, offload_dir=str(tmp_path / "offload"))
+    graph = _graph(
+        64, 4, budgets={"cpu": budget}, devices=["cpu"], offload_dir=str(tmp_path / "offload")
+    )
     residency = graph.plan.residency
     read = sum(1 for r in residency if r.on_disk and r.streams)
     kept = sum(1 for r in residency if r.on_disk and not r.streams)
@@ -93,7 +95,7 @@ def test_the_device_table_lists_every_planned_device_with_its_budget() -> None:
 
 
 def test_the_device_table_of_a_host_only_plan_has_only_the_host() -> None:
-    graph = _graph(16, 2)
+    graph = _graph(16, 2, devices=["cpu"])
     rows = [ln.split() for ln in explain_devices([graph])[2:] if not ln.startswith("  host RSS")]
     assert [d.name for d in graph.plan.devices] == ["cpu"]
     assert [r[0] for r in rows] == ["cpu"]
