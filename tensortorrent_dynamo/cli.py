@@ -179,7 +179,7 @@ def _offload_dir(requested: Path | None) -> Path | None:
 def validate_hardware(output: Path | None, quick: bool, offload_dir: Path | None) -> int:
     """Measure every device, link and the disk; print the table, cache it, write ``output``."""
     from .profile import cache, measure_host
-    from .profile.progress import ProgressLine
+    from .profile.progress import ProgressBar
     from .profile.report import format_report
 
     offload = _offload_dir(offload_dir)
@@ -188,7 +188,7 @@ def validate_hardware(output: Path | None, quick: bool, offload_dir: Path | None
     if output is not None and not os.access(_existing_ancestor(output.parent), os.W_OK):
         print(f"error: cannot write the report to {output}", file=sys.stderr)
         return 1
-    measured = measure_host("quick" if quick else "full", offload, ProgressLine())
+    measured = measure_host("quick" if quick else "full", offload, ProgressBar())
     print(format_report(measured))
     try:
         print(f"cached as {cache.save(measured)} (plans use it with profile='auto')")
@@ -267,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="tensortorrent", description="Plan heterogeneous execution for PyTorch models."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="what was detected, what is missing")
+    sub.add_parser("doctor", help="what was detected, what is missing").set_defaults(
+        run=lambda args: doctor()
+    )
     validate = sub.add_parser(
         "validate-hardware",
         help="measure FLOP/s, memory, link and disk bandwidth; print, cache and save them",
@@ -279,7 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="where to measure the disk (default: the cache's offload dir)",
     )
-    sub.add_parser("demo", help="plan, explain and run a model larger than its budget")
+    validate.set_defaults(
+        run=lambda args: validate_hardware(args.output, args.quick, args.offload_dir)
+    )
+    sub.add_parser(
+        "demo", help="plan, explain and run a model larger than its budget"
+    ).set_defaults(run=lambda args: _demo())
     offline = sub.add_parser(
         "cost-graph", help="summarise a saved cost graph (CostGraph.save) and plan it offline"
     )
@@ -293,17 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     offline.add_argument("--objective", default="latency")
     offline.add_argument("--profile", default="nominal", help="'nominal', 'auto' or a path")
+    offline.set_defaults(
+        run=lambda args: cost_graph(args.path, args.budget, args.objective, args.profile)
+    )
     explain = sub.add_parser("explain", help="print the plan table of a saved plan")
     explain.add_argument("path", type=Path)
+    explain.set_defaults(run=lambda args: explain_saved(args.path))
     args = parser.parse_args(argv)
-    if args.command == "explain":
-        return explain_saved(args.path)
-    if args.command == "cost-graph":
-        return cost_graph(args.path, args.budget, args.objective, args.profile)
-    if args.command == "doctor":
-        return doctor()
-    if args.command == "validate-hardware":
-        return validate_hardware(args.output, args.quick, args.offload_dir)
+    return int(args.run(args))
+
+
+def _demo() -> int:
     from .demo import main as demo_main
 
     return demo_main()

@@ -1,36 +1,37 @@
-"""A one-line progress display on stderr, redrawn in place on a terminal."""
+"""Progress of a long measurement on stderr, drawn by tqdm."""
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import TextIO
+from typing import Any, TextIO
+
+from tqdm import tqdm
 
 
-class ProgressLine:
-    """Shows ``[#####.....] 3/8 cpu matmul bfloat16 (1.2 s)`` as steps advance.
+class ProgressBar:
+    """Shows ``[#####.....] 3/8 cpu matmul bfloat16 (1.2 s)`` as steps advance (redrawn in
+    place on a terminal). Called as a :data:`~tensortorrent_dynamo.profile.measure.Progress`:
+    ``(done, total, label)``."""
 
-    On a terminal the line is redrawn in place; otherwise (a log, a pipe) each step gets
-    its own line. Called as a :data:`~tensortorrent_dynamo.profile.measure.Progress`.
-    """
+    FORMAT = "[{bar:20}] {n_fmt}/{total_fmt} {desc} ({elapsed_s:.1f} s)"
 
-    def __init__(self, stream: TextIO | None = None, width: int = 20) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.tty = self.stream.isatty()
-        self.started = time.perf_counter()
-        self.shown = 0
+        self.bar: tqdm[Any] | None = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        filled = self.width * done // max(total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        elapsed = time.perf_counter() - self.started
-        text = f"[{bar}] {done}/{total} {label} ({elapsed:.1f} s)"
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self.shown))
-            self.shown = len(text)
-            if done == total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        bar = self.bar
+        if bar is None:
+            bar = self.bar = tqdm(
+                total=total,
+                desc=label,
+                file=self.stream,
+                bar_format=self.FORMAT,
+                ascii=".#",
+                mininterval=0,  # every step is shown: there are a few dozen at most
+            )
+        bar.set_description_str(label, refresh=False)
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+            self.bar = None
