@@ -242,7 +242,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
             f"  {device.name:<10} budget {format_bytes(device.budget_bytes):>12}  "
             f"predicted peak {format_bytes(plan.predicted_peak(device.name)):>12}"
         )
-    streamed = sum(plan.native.param_streamed)
+    streamed = sum(r.streams for r in plan.residency)
     print(f"  {streamed} of {len(graph.params)} parameters streamed")
     return 0
 

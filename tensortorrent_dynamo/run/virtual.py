@@ -132,7 +132,11 @@ class VirtualDevice:
 
     def give(self, buffer: torch.Tensor) -> None:
         """Return a buffer from :meth:`take` to the pool, for the next call to reuse."""
-        flat = self.adopt(buffer.view(-1).view(torch.uint8), "idle buffer")
+        # the whole buffer as bytes, whatever layout ``take`` gave it (a transposed one
+        # cannot be viewed flat)
+        storage = buffer.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+        flat = self.adopt(flat, "idle buffer")
         with self._lock:
             self._idle.setdefault(flat.numel(), []).append(flat)
 

@@ -62,6 +62,24 @@ def test_a_virtual_prefetch_lands_in_a_pooled_buffer_given_back_on_release() -> 
     ]
 
 
+def test_a_transposed_buffer_goes_back_to_the_pool_and_is_reused() -> None:
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    engine = VirtualEngine(dev, Recorder())
+    src = torch.arange(12.0).reshape(3, 4).t()  # dense, column-major
+    handle = engine.prefetch(lambda: src, src, "w")
+    got = handle.result()
+    assert got.stride() == src.stride()
+    torch.testing.assert_close(got, src)
+    pointer = got.data_ptr()
+    handle.release()
+    del got
+    gc.collect()
+    assert dev.ledger.live == 48, "idle in the pool"
+    again = engine.prefetch(lambda: src, src, "w")
+    assert again.result().data_ptr() == pointer and dev.ledger.live == 48
+    torch.testing.assert_close(again.result(), src)
+
+
 def test_a_virtual_spill_leaves_the_device_and_its_reload_is_a_fresh_copy() -> None:
     dev = VirtualDevice("virtual:0", capacity=10_000)
     recorder = Recorder()
