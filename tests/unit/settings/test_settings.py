@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from tensortorrent_dynamo import BudgetParseError, OptionsError, parse_bytes, parse_options
+from tensortorrent_dynamo.settings import OPTION_HELP, Settings
 from tensortorrent_dynamo.units import parse_rate
 
 
@@ -114,3 +116,43 @@ def test_sizes_beyond_any_float_are_refused(value: object) -> None:
 def test_rates_beyond_any_float_are_refused(value: object) -> None:
     with pytest.raises(BudgetParseError):
         parse_rate(value, "rate")
+
+
+def test_every_option_has_its_help_and_its_default_in_the_settings_fields() -> None:
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert set(OPTION_HELP) == fields and all(OPTION_HELP.values())
+    # no options: the fields' defaults, nothing written a second time in the parser
+    assert parse_options() == Settings()
+
+
+def test_planner_and_reader_knobs_are_settings() -> None:
+    settings = parse_options(
+        prefetch_depth=2,
+        memory_slack=0.25,
+        planner_node_limit=1000,
+        planner_time_limit_s=0.5,
+        read_threads=2,
+        plan_cache=False,
+    )
+    assert (settings.prefetch_depth, settings.memory_slack, settings.read_threads) == (2, 0.25, 2)
+    assert (settings.planner_node_limit, settings.planner_time_limit_s) == (1000, 0.5)
+    assert settings.plan_cache is False
+    for key, bad in [
+        ("prefetch_depth", 0),
+        ("prefetch_depth", 2**32),
+        ("read_threads", True),
+        ("memory_slack", -0.1),
+        ("planner_time_limit_s", "1s"),
+        ("plan_cache", "yes"),
+    ]:
+        with pytest.raises(OptionsError, match=key):
+            parse_options({key: bad})
+
+
+def test_the_plan_cache_default_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TENSORTORRENT_PLAN_CACHE", "0")
+    assert parse_options().plan_cache is False
+    monkeypatch.setenv("TENSORTORRENT_PLAN_CACHE", "1")
+    assert parse_options().plan_cache is True
