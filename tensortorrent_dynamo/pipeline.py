@@ -7,7 +7,6 @@ alternative → plan → weights → rewrite → resident copies → compile.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from .compiling.segments import compile_segments, keep_faster
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import PlanInfeasible, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
 from .functional import GraphInputs
+from .io.files import digest
 from .passes.chunk_weights import ChunkedGraph, chunk_weights
 from .passes.rewrite import rewrite
 from .plan.decisions import Decisions
@@ -49,7 +49,7 @@ def plan_and_compile(
     example_inputs = graph_inputs.values
     profile = host_profile(settings)
     cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes)
-    source = (hashlib.sha256(gm.code.encode()).hexdigest(), cost.digest())
+    source = (digest(gm.code, 64), cost.digest())
     if source in session.by_source:
         # A recompile (a guard failed) that produced the same graph with the same
         # costs: its plan's assumptions still hold.

@@ -256,9 +256,9 @@ def plan_graph(
     )
     if chose_split:
         log.info(
-            "graph %d: the host budget cannot hold its weights in RAM; planned with the "
-            "weights on disk",
+            "graph %d: planned with its weights on disk, large ones read in row chunks (%s)",
             graph_index,
+            "the model's weights are on disk" if on_disk else "the host budget cannot hold them",
         )
     planned = split.cost if chose_split and split is not None else cost
     rows = split.rows if chose_split and split is not None else None
