@@ -7,10 +7,12 @@ be idempotent, import nothing heavy, and never raise.
 from __future__ import annotations
 
 PLAN_ARTIFACT = "tensortorrent_plan"
+PASSES_ARTIFACT = "tensortorrent_passes"
 
 
 def register() -> None:
-    """Make ``TORCH_LOGS="+tensortorrent"`` and ``TORCH_LOGS="tensortorrent_plan"`` valid."""
+    """Make ``TORCH_LOGS="+tensortorrent"``, ``TORCH_LOGS="tensortorrent_plan"`` and
+    ``TORCH_LOGS="tensortorrent_passes"`` valid."""
     try:
         from torch._logging import _internal
 
@@ -21,6 +23,12 @@ def register() -> None:
             _internal.register_artifact(
                 PLAN_ARTIFACT,
                 "TensorTorrent: each graph's plan (placement, streaming, predicted time)",
+                off_by_default=True,
+            )
+        if PASSES_ARTIFACT not in registry.artifact_names:
+            _internal.register_artifact(
+                PASSES_ARTIFACT,
+                "TensorTorrent: each graph pass's graph before and after it",
                 off_by_default=True,
             )
     except Exception:  # an exception here would break `import torch` everywhere

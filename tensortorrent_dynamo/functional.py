@@ -26,8 +26,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from .cost_graph import dynamo_params, param_view_nodes
+from .cost_graph import dynamo_params
 from .errors import TensorTorrentWarning, UnsupportedNodeError
+from .passes.param_views import OneReaderPerParamView
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +52,6 @@ class GraphInputs:
 
 
 Compile = Callable[[torch.fx.GraphModule, GraphInputs], Callable[..., Any]]
-
-
-def one_reader_per_param_view(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> None:
-    """Copy each view of a parameter that several nodes read, one copy per reader, so that
-    a view can be taken where it is read: a view is free where its parameter is, and
-    passing one from a device to another would copy the parameter's bytes (see
-    ``CostGraph.runs_with``)."""
-    views = param_view_nodes(gm, params)
-    if not views:
-        return
-    for node in reversed(list(gm.graph.nodes)):
-        if node not in views or len(node.users) < 2:
-            continue
-        for user in list(node.users)[1:]:
-            with gm.graph.inserting_before(user):
-                copy = gm.graph.node_copy(node)
-            user.replace_input_with(node, copy)
-    gm.graph.lint()
-    gm.recompile()
 
 
 def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
@@ -128,7 +110,7 @@ def functional(
                 len(inputs.mutated),
                 ", ".join(inputs.mutated[:4]) + (", ..." if len(inputs.mutated) > 4 else ""),
             )
-        one_reader_per_param_view(aten, inputs.params)
+        OneReaderPerParamView(inputs.params)(aten)
         # AOTAutograd calls this under its fake mode; planning allocates, copies and runs
         # real tensors
         with unset_fake_temporarily():

@@ -1,3 +1,13 @@
-"""Graph passes over the functional graph: the row-chunked alternative the planner may
-choose (``chunk_weights``) and the rewrite that turns a plan into the schedule the graph
-runs (``rewrite``: segments, transfers, prefetches, evictions, spills)."""
+"""Graph passes, in the order they run on a functional graph:
+
+1. ``param_views`` (before costing): one copy of a parameter's view per reader;
+2. ``chunk_weights`` (before planning): the graph with large linear weights in row chunks,
+   the alternative the planner plans when weights go to disk;
+3. ``rewrite`` (after planning): the plan as the schedule the graph runs (segments,
+   transfers, prefetches, evictions, spills).
+
+Each shows its graph before and after under ``TORCH_LOGS="tensortorrent_passes"``
+(``logged``). They take what they need besides the graph (the parameters, the chunk size,
+the plan), so they are called by the stages that have it (``functional``, ``pipeline``)
+rather than from one pass manager; the first is a ``torch.fx`` infra pass.
+"""

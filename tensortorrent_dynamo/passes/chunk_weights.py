@@ -31,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..cost_graph import CostGraph, ParamRef, build_cost_graph
 from ..weights.disk import Weight
+from .logged import dump
 
 aten = torch.ops.aten
 # what a linear layer becomes in the functional graph: a matmul with the transposed
@@ -168,7 +169,9 @@ def chunk_weights(
             ranges[param.placeholder] = (param.fqn, rows)
     if not ranges:
         return None
+    dump("chunk_weights", "before", gm)
     chunked = split_weights(gm, ranges)
+    dump("chunk_weights", "after", chunked.module)
     # the weights as they are now (views of live ones); not kept: a view would keep the
     # RAM of a weight released later alive
     chunked.cost = build_cost_graph(

@@ -22,6 +22,7 @@ from torch.fx.passes.split_module import split_module
 from ..plan.planner import GraphPlan
 from ..run import ops
 from ..run.runtime import Runtime
+from .logged import dump
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def _segment_of(name: str) -> int:
 
 def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewritten:
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
+    dump("rewrite", "before", gm)
     cost = plan.cost
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
     for node in gm.graph.nodes:
@@ -140,6 +142,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
         output.args = (back(results, 0),)
     graph.lint()
     parent.recompile()
+    dump("rewrite", "after", parent)
     return Rewritten(module=parent, segments=segments)
 
 

@@ -57,6 +57,15 @@ def test_torch_logs_plan_artifact_alone() -> None:
     assert "planning graph 0" not in result.stderr  # the DEBUG log stays off
 
 
+def test_torch_logs_passes_artifact_shows_each_pass_before_and_after() -> None:
+    result = _run({"TORCH_LOGS": "tensortorrent_passes"})
+    assert result.returncode == 0, result.stderr
+    for when in ("before", "after"):
+        assert f"{when} pass rewrite" in result.stderr
+    assert "tensortorrent_dynamo_run_ops_prefetch" in result.stderr  # the rewritten schedule
+    assert "planning graph 0" not in result.stderr
+
+
 def test_import_torch_survives_a_broken_registration(monkeypatch: object) -> None:
     code = (
         "import torch._logging._internal as i\n"
