@@ -53,12 +53,6 @@ class Residency:
         """Whether it streams from host RAM to a CUDA device (then from pinned memory)."""
         return self.streams and self.tier is Tier.HOST and self.device.startswith("cuda")
 
-    def describe(self) -> str:
-        """A few words for explain(): ``"resident on cuda:0"``, ``"streamed from disk"``."""
-        if self.streams:
-            return "streamed from " + ("disk" if self.on_disk else "host RAM")
-        return f"resident on {self.device}" + (", read once from disk" if self.on_disk else "")
-
 
 def residencies(
     device_names: Sequence[str],
