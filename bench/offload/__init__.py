@@ -77,8 +77,16 @@ that ``drop_caches`` cannot evict pages that a process keeps mapped. ``io_read_b
 call is the kernel's count of bytes the process fetched from storage (``/proc/self/io``), an
 independent check of each competitor's disk traffic.
 
+A real RAM limit (``--mem-limit ALLOWANCE``): each competitor's process runs in a memory
+cgroup of its own limited to the budget plus ALLOWANCE (the process itself: the interpreter,
+torch and its competitor's library imported, the model built on meta), the page cache its
+reads fill counted against it, as on a machine with that much RAM. A process over the limit is
+killed by the kernel and recorded as a failed competitor ("killed by its memory limit"), not
+a crash of the bench; where no cgroup can be made the JSON's ``mem_limit`` says why.
+
 The modules, each importing only modules listed above it:
 
+- ``cgroup``: a command run in a memory cgroup of its own (v1 or v2).
 - ``workload``: what a bench supplies (the ``Workload`` protocol) and the output checks.
 - ``measure``: measurements inside a competitor's process (page cache, RSS, io bytes).
 - ``competitors``: ``Context``, ``Competitor`` and its subclasses, by name in ``COMPETITORS``.

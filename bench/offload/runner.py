@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import RESULTS, write_results
+from .cgroup import CgroupUnavailable, MemoryCgroup, limited_run
 from .child import CHECKPOINT, REFERENCE
 from .competitors import COMPETITORS
 from .disk import disk_figures, measure_disk, measure_reader
@@ -79,12 +80,26 @@ def add_arguments(parser: argparse.ArgumentParser, default_repeats: int = DEFAUL
     parser.add_argument(
         "--disk-mib", type=int, default=None, help="size of the DiskBench probe file"
     )
+    parser.add_argument(
+        "--mem-limit",
+        default=None,
+        metavar="ALLOWANCE",
+        help="run each competitor's process in a memory cgroup of its own, limited to the "
+        "budget plus ALLOWANCE (e.g. 1GiB: the process itself, torch imported, the model "
+        "built on meta); its page cache counts against the limit (CPU mode only)",
+    )
 
 
 def _subprocess(
-    command: str, spec: Mapping[str, Any], work: Path, label: str, timeout: float
+    command: str,
+    spec: Mapping[str, Any],
+    work: Path,
+    label: str,
+    timeout: float,
+    limit_bytes: int | None = None,
 ) -> tuple[dict[str, Any] | None, str | None, float]:
-    """Run ``python -m bench.offload.child COMMAND`` in a fresh process; its JSON or error."""
+    """Run ``python -m bench.offload.child COMMAND`` in a fresh process (in a memory cgroup
+    limited to ``limit_bytes``, when given); its JSON or error."""
     spec_path = work / f"{label}.spec.json"
     out_path = work / f"{label}.result.json"
     log_path = work / "logs" / f"{label}.log"
@@ -97,18 +112,24 @@ def _subprocess(
     start = time.perf_counter()
     error = None
     with open(log_path, "w") as log:
+        argv: list[str | os.PathLike[str]] = [
+            sys.executable,
+            "-m",
+            "bench.offload.child",
+            command,
+            spec_path,
+            out_path,
+        ]
+        io: dict[str, Any] = {"cwd": root, "env": env, "stdout": log, "stderr": subprocess.STDOUT}
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "bench.offload.child", command, spec_path, out_path],
-                cwd=root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-            )
-            if proc.returncode:
-                error = f"exit status {proc.returncode}"
+            if limit_bytes is None:
+                proc = subprocess.run(argv, timeout=timeout, check=False, **io)
+                if proc.returncode:
+                    error = f"exit status {proc.returncode}"
+            else:
+                limited = limited_run(argv, limit_bytes, timeout=timeout, **io)
+                if limited.returncode:
+                    error = limited.describe()
         except subprocess.TimeoutExpired:
             error = f"timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
@@ -117,6 +138,26 @@ def _subprocess(
         tail = log_path.read_text().strip().splitlines()[-5:]
         error = f"{error or 'no result written'}; log {log_path}: " + " | ".join(tail)
     return result, error, seconds
+
+
+def _mem_limit(
+    allowance: str | None, budget: int, cuda: bool
+) -> tuple[dict[str, Any] | None, int | None]:
+    """What ``--mem-limit`` gives: its record for the JSON and the cgroup limit (``None`` for
+    none: not asked, the GPU mode, or no cgroup can be made here, the record saying why)."""
+    if allowance is None:
+        return None, None
+    from tensortorrent_dynamo.units import parse_bytes
+
+    allowance_bytes = parse_bytes(allowance, "--mem-limit")
+    if cuda:
+        return {"skipped": "the budget is on the GPU: host RAM is not limited"}, None
+    limit = budget + allowance_bytes
+    try:
+        MemoryCgroup.create(limit).remove()
+    except CgroupUnavailable as exc:
+        return {"skipped": str(exc)}, None
+    return {"allowance_bytes": allowance_bytes, "limit_bytes": limit}, limit
 
 
 def schedule(
@@ -166,6 +207,11 @@ def run_bench(
         f"{name}: setup {setup['seconds']:.1f} s, {param_nbytes} parameter bytes, budget {budget} B"
         f", {rounds} round(s) of {repeats} cold + {repeats} warm calls per process"
     )
+    mem_limit, limit_bytes = _mem_limit(args.mem_limit, budget, cuda)
+    if limit_bytes is not None:
+        print(f"{name}: each competitor runs in a memory cgroup limited to {limit_bytes} B")
+    elif mem_limit is not None:
+        print(f"{name}: no memory limit: {mem_limit['skipped']}")
     disk_before = measure_disk(work / "offload", args.disk_mib or disk_mib)
     drop_note = "page cache not dropped: --no-drop was given" if args.no_drop else None
     if drop_note is None:
@@ -205,7 +251,9 @@ def run_bench(
                 "drop_caches": drop_note is None,
             }
             start_s = time.perf_counter() - started
-            result, error, process_s[label] = _subprocess("run", spec, work, label, args.timeout)
+            result, error, process_s[label] = _subprocess(
+                "run", spec, work, label, args.timeout, limit_bytes
+            )
             if error and (result is None or "error" not in result):
                 result = {**(result or {}), "ok": False, "error": error}
             result = result or {"ok": False, "error": "no result"}
@@ -252,6 +300,7 @@ def run_bench(
         "param_bytes": param_nbytes,
         "budget_bytes": budget,
         "budget_device": device if cuda else "cpu",
+        "mem_limit": mem_limit,
         "rounds": rounds,
         "repeats": repeats,
         "warmup": args.warmup,

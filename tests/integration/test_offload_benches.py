@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from bench import hf_offload, ram_offload, verify_cost
+from bench.offload.cgroup import CgroupUnavailable, MemoryCgroup
 from bench.offload.disk import disk_figures, measure_reader
 from bench.offload.measure import drop_page_cache
 from bench.offload.runner import schedule
@@ -127,6 +128,27 @@ def test_hf_offload_bench(tmp_path: Path) -> None:
     quality = data["regimes"][regime]["competitors"]["accelerate"]["quality"]
     assert quality["cosine"] >= 0.99 and quality["argmax_agreement"] >= 0.9
     check_tensortorrent(data, regime)
+
+
+@pytest.mark.slow
+def test_a_competitor_over_its_memory_limit_is_reported_not_a_crash(tmp_path: Path) -> None:
+    """``--mem-limit``: each competitor in a memory cgroup of the budget plus an allowance; one
+    that goes over it (here every one: 1 MiB allows no interpreter) is a failed competitor
+    whose error says so, and the bench goes on to write its JSON."""
+    try:
+        MemoryCgroup.create(2**30).remove()
+    except CgroupUnavailable as exc:
+        pytest.skip(f"no memory cgroup here: {exc}")
+    args = [*TINY_RAM, "--competitors", "eager", "--mem-limit", "1MiB"]
+    data = run(ram_offload.main, "ram_offload", args, tmp_path)
+    assert data["mem_limit"] == {
+        "allowance_bytes": 2**20,
+        "limit_bytes": data["budget_bytes"] + 2**20,
+    }
+    row = data["regimes"]["batch4"]["competitors"]["eager"]
+    assert not row["ok"]
+    (error,) = data["errors"].values()
+    assert f"killed by its memory limit of {data['budget_bytes'] + 2**20} bytes" in error
 
 
 def test_rounds_alternate_their_order() -> None:
