@@ -10,14 +10,12 @@ real compute happens here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
 import sys
 import typing
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -28,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ._native import native_planner
 from .errors import CostGraphFormatError
-from .io.files import digest
+from .io.files import digest, read_json, write_json
 
 if TYPE_CHECKING:
     from . import _planner
@@ -217,22 +215,13 @@ class CostGraph:
                 raise ValueError(f"storages[{i}] spans nodes {span.first}..{span.last} of {n}")
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        write_json(path, self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostGraph:
         """Read a file :meth:`save` wrote; raises :class:`CostGraphFormatError`."""
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as exc:
-            raise CostGraphFormatError(f"cannot read a cost graph from {path}: {exc}") from exc
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
-            raise CostGraphFormatError(
-                f"cannot read a cost graph from {path}: {exc}; export it again "
-                "(tt.export_cost_graphs, then CostGraph.save)"
-            ) from exc
+        again = "export it again (tt.export_cost_graphs, then CostGraph.save)"
+        data = read_json(path, CostGraphFormatError, "a cost graph", again)
         return cls.from_json(data, source=str(path))
 
     def digest(self) -> str:

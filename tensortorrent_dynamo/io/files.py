@@ -1,4 +1,5 @@
-"""Small files written whole: the one atomic JSON writer and the one digest.
+"""Small files written whole: the one atomic JSON writer, the one JSON reader of files we
+wrote, and the one digest.
 
 A JSON file (a plan, a plan cache entry, a profile) is written to a temporary file of its
 own beside the target, then renamed over it: a reader sees the old file or the new one,
@@ -13,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 def digest(data: Any, length: int = 16) -> str:
@@ -42,3 +43,21 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def read_json(path: str | os.PathLike[str], error: type[Exception], what: str, again: str) -> Any:
+    """The JSON in ``path`` (a file :func:`write_json` wrote); ``error`` naming ``what`` it
+    holds when it cannot be read, or is not JSON (then with ``again``: how to write it anew).
+    """
+
+    def fail(exc: BaseException, advice: str = "") -> NoReturn:
+        raise error(f"cannot read {what} from {path}: {exc}{advice}") from exc
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        fail(exc)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+        fail(exc, f"; {again}")

@@ -14,17 +14,15 @@ plan.json`` prints it without the model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from ..cost_graph import CostGraph
 from ..errors import PlanFormatError, StalePlanError
-from ..io.files import digest, write_json
+from ..io.files import digest, read_json, write_json
 from ..profile import HostProfile
 from ..profile.detect import current_fingerprint
 from ..profile.schema import Fingerprint
@@ -151,16 +149,7 @@ def load(path: str | os.PathLike[str]) -> SavedPlan:
 
     Raises :class:`PlanFormatError` for a file that cannot be read or is damaged.
     """
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise PlanFormatError(f"cannot read a plan from {path}: {exc}") from exc
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
-        raise PlanFormatError(
-            f"cannot read a plan from {path}: {exc}; save the plan again (CompiledModule.save)"
-        ) from exc
+    data = read_json(path, PlanFormatError, "a plan", "save the plan again (CompiledModule.save)")
     if not isinstance(data, Mapping) or data.get("format") != PLAN_FORMAT:
         raise PlanFormatError(f"{path} is not a TensorTorrent plan (no 'format' field)")
     version = data.get("format_version")
