@@ -37,7 +37,12 @@ class CostGraph:
     at least that over its device's ``mem_bytes_per_s``) defaults to zeros;
     ``param_home`` ("host" or "disk" per parameter) defaults to "host";
     ``param_disk_allowed`` (per parameter: whether the planner may move it from the host
-    to disk when the host budget cannot hold the weights) defaults to all false. Raises
+    to disk when the host budget cannot hold the weights) defaults to all false;
+    ``state`` (``(input, output, in_place)``: a graph input written in place, such as a
+    KV cache buffer, and the output that is its new value, which goes at the end of a
+    call to the device the input is placed on rather than to the host; with ``in_place``
+    the output is written into the input itself, which then lives where that runs) to
+    none. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -57,6 +62,7 @@ class CostGraph:
         node_bytes_accessed: Sequence[int] | None = None,
         param_home: Sequence[str] | None = None,
         param_disk_allowed: Sequence[bool] | None = None,
+        state: Sequence[tuple[int, int, bool]] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:

@@ -96,6 +96,29 @@ class StorageSpan:
     nbytes: int
 
 
+# the node.meta key of a state's update written into the state itself
+# (``passes.state_in_place``): the placeholder it writes into
+IN_PLACE_OF = "tensortorrent_in_place_of"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRef:
+    """A graph input the graph writes in place (a static KV cache's buffer): node
+    ``input`` (its placeholder) and node ``output`` (its new value, a graph output that
+    AOTAutograd copies back into the tensor after the call)."""
+
+    input: int
+    output: int
+    placeholder: str
+    # what the caller calls it (``L['past_key_values'].layers[0].keys``)
+    source: str
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    # whether the new value is written into the input itself (``passes.state_in_place``)
+    in_place: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class CostGraph:
     """Nodes in topological order, parameters, outputs, and activation lifetimes.
@@ -116,6 +139,12 @@ class CostGraph:
     storages: tuple[StorageSpan, ...] = ()
     assumed_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     runs_with: tuple[int, ...] = ()
+    # the inputs written in place, each with its new value: where they live is planned
+    state: tuple[StateRef, ...] = ()
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(s.nbytes for s in self.state)
 
     @property
     def total_flops(self) -> float:
@@ -157,6 +186,8 @@ class CostGraph:
             "storages": [dataclasses.asdict(s) for s in self.storages],
             "assumed_sizes": dict(self.assumed_sizes),
             "runs_with": list(self.runs_with),
+            # only where there is state: the other graphs' digests stay as they were
+            **({"state": [dataclasses.asdict(r) for r in self.state]} if self.state else {}),
         }
 
     @classmethod
@@ -187,6 +218,10 @@ class CostGraph:
                 ),
                 assumed_sizes=_check(dict[str, int], data["assumed_sizes"], "assumed_sizes"),
                 runs_with=_check(tuple[int, ...], data.get("runs_with", []), "runs_with"),
+                state=tuple(
+                    _parse(StateRef, r, f"state[{i}]")
+                    for i, r in (_items(data, "state") if "state" in data else ())
+                ),
             )
             graph._check_indices()
         except (KeyError, TypeError, ValueError) as exc:
@@ -204,6 +239,7 @@ class CostGraph:
         named += [(f"nodes[{i}].last_use", (node.last_use,)) for i, node in enumerate(self.nodes)]
         named += [(f"params[{i}].users", param.users) for i, param in enumerate(self.params)]
         named += [("output_ids", self.output_ids), ("runs_with", self.runs_with)]
+        named += [(f"state[{i}]", (r.input, r.output)) for i, r in enumerate(self.state)]
         named += [(f"storages[{i}]", (s.first, s.last)) for i, s in enumerate(self.storages)]
         for where, ids in named:
             if any(i > n for i in ids):
@@ -235,11 +271,15 @@ class CostGraph:
         self,
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
+        state_movable: bool = False,
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
         ``disk_allowed`` which host-RAM ones the planner may move to disk (none when
-        omitted)."""
+        omitted). With ``state_movable``, the planner may keep the inputs written in place
+        (``state``) on an accelerator between calls; else they stay in host memory, as
+        every other graph input does."""
+        movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
         input_ids: list[int] = []
         for node in self.nodes:
@@ -253,7 +293,7 @@ class CostGraph:
         return native_planner().CostGraph(  # type: ignore[no-any-return]
             node_flops=[n.flops for n in self.nodes],
             node_out_bytes=[n.out_bytes for n in self.nodes],
-            node_host_only=[n.host_only for n in self.nodes],
+            node_host_only=[n.host_only and i not in movable for i, n in enumerate(self.nodes)],
             input_offsets=input_offsets,
             input_ids=input_ids,
             param_bytes=[p.nbytes for p in self.params],
@@ -263,6 +303,7 @@ class CostGraph:
             node_bytes_accessed=[n.bytes_accessed for n in self.nodes],
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
+            state=[(r.input, r.output, r.in_place) for r in self.state],
         )
 
 
@@ -324,7 +365,7 @@ def _check(kind: Any, value: object, where: str) -> Any:
     raise AssertionError(f"{where}: no JSON reader for {kind}")
 
 
-def _hint(value: int | torch.SymInt, sizes: Mapping[str, int] | None = None) -> int:
+def size_hint(value: int | torch.SymInt, sizes: Mapping[str, int] | None = None) -> int:
     """A concrete size for a possibly symbolic one: its value with the symbols named in
     ``sizes`` set to theirs and the others to the values Dynamo traced with."""
     if isinstance(value, torch.SymInt):
@@ -346,12 +387,12 @@ def _hint(value: int | torch.SymInt, sizes: Mapping[str, int] | None = None) -> 
 
 def tensor_bytes(value: object, sizes: Mapping[str, int] | None = None) -> int:
     """Bytes of every tensor in ``value`` (a tensor, or a nested tuple/list of them), with
-    symbolic sizes as :func:`_hint` gives them."""
+    symbolic sizes as :func:`size_hint` gives them."""
     leaves, _ = tree_flatten(value)
     total = 0
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            total += _hint(leaf.numel(), sizes) * leaf.element_size()
+            total += size_hint(leaf.numel(), sizes) * leaf.element_size()
     return total
 
 
@@ -426,7 +467,7 @@ def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) ->
             getattr(args[0], str(node.target))(*args[1:], **kwargs)
         else:
             raise ValueError(f"cannot cost a {node.op} node")
-    return float(_hint(counter.get_total_flops(), sizes))
+    return float(size_hint(counter.get_total_flops(), sizes))
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -444,7 +485,7 @@ def _storage_key(tensor: torch.Tensor) -> int:
 
 
 def _storage_bytes(tensor: torch.Tensor, sizes: Mapping[str, int] | None = None) -> int:
-    return _hint(tensor.untyped_storage().nbytes(), sizes)
+    return size_hint(tensor.untyped_storage().nbytes(), sizes)
 
 
 def param_view_nodes(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> set[torch.fx.Node]:
@@ -483,7 +524,7 @@ def _assumed_sizes(
                 continue
             expr = dim.node.expr
             if getattr(expr, "is_Symbol", False):
-                assumed[str(expr)] = _hint(dim, sizes)
+                assumed[str(expr)] = size_hint(dim, sizes)
     return assumed
 
 
@@ -532,7 +573,7 @@ class _Builder:
                     "fqn": self.param_fqns[position],
                     "nbytes": tensor_bytes(value),
                     "dtype": str(value.dtype).removeprefix("torch."),
-                    "shape": tuple(_hint(s) for s in value.shape),
+                    "shape": tuple(size_hint(s) for s in value.shape),
                     "users": [],
                     "home": str(value.device),
                 }
@@ -679,6 +720,7 @@ def build_cost_graph(
     example_inputs: Sequence[object],
     param_fqns: Mapping[int, str] | None = None,
     sizes: Mapping[str, int] | None = None,
+    state: Sequence[tuple[str, int, str]] = (),
 ) -> CostGraph:
     """Cost every node of ``gm``; nodes that cannot be costed are marked as host fallbacks.
 
@@ -686,19 +728,49 @@ def build_cost_graph(
     :class:`functional.GraphInputs` does); for a Dynamo graph they can be read from its
     placeholders (:func:`dynamo_params`, the default). A dynamic-shape graph is costed
     with its symbols at the values in ``sizes`` (the sizes it was traced with for those
-    not named): ``assumed_sizes`` records them."""
+    not named): ``assumed_sizes`` records them. ``state`` names the inputs the graph
+    writes in place, each with the index of the output that is its new value and its
+    source (:class:`functional.GraphInputs`)."""
     params = dynamo_params(gm) if param_fqns is None else param_fqns
     builder = _Builder(gm, example_inputs, params, sizes)
     position = 0
+    results: Sequence[object] = ()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             builder.placeholder(node, position)
             position += 1
         elif node.op == "output":
+            (out,) = node.args
+            results = out if isinstance(out, (tuple, list)) else (out,)
             for arg in node.all_input_nodes:
                 nid = builder.index.get(arg)
                 if nid is not None and nid not in builder.output_ids:
                     builder.output_ids.append(nid)
         else:
             builder.operation(node)
-    return builder.finish()
+    graph = builder.finish()
+    refs = []
+    by_name = {n.name: i for i, n in enumerate(graph.nodes)}
+    for placeholder, k, source in state:
+        new = results[k] if k < len(results) else None
+        if placeholder not in by_name or not isinstance(new, torch.fx.Node):
+            continue  # a parameter's or a size, or not a tensor: nothing to place
+        if new not in builder.index:
+            continue
+        node = graph.nodes[by_name[placeholder]]
+        value = _example(next(n for n in gm.graph.nodes if n.name == placeholder))
+        if not isinstance(value, torch.Tensor):
+            continue
+        refs.append(
+            StateRef(
+                input=by_name[placeholder],
+                output=builder.index[new],
+                placeholder=placeholder,
+                source=source,
+                nbytes=node.out_bytes,
+                dtype=str(value.dtype).removeprefix("torch."),
+                shape=tuple(size_hint(x, sizes) for x in value.shape),
+                in_place=new.meta.get(IN_PLACE_OF) == placeholder,
+            )
+        )
+    return dataclasses.replace(graph, state=tuple(refs)) if refs else graph

@@ -44,14 +44,30 @@ class GraphInputs:
             the planner may keep resident, stream or leave on disk.
         mutated: fqns of the parameters and buffers the graph writes (their new values
             are the graph's first outputs).
+        state: (placeholder name, output index, source) of every input whose data the
+            graph writes (a static KV cache's buffers; the parameters and buffers in
+            ``mutated``): the output that is its new value and what the caller calls it
+            (``L['past_key_values'].layers[0].keys``). The planner decides where each
+            lives between calls.
     """
 
     values: tuple[Any, ...]
     params: Mapping[int, str]
     mutated: tuple[str, ...] = ()
+    state: tuple[tuple[str, int, str], ...] = ()
 
 
 Compile = Callable[[torch.fx.GraphModule, GraphInputs], Callable[..., Any]]
+
+
+def _source(node: torch.fx.Node) -> str:
+    """The expression Dynamo read a placeholder's value from, else its name."""
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    if source is None:
+        return node.name
+    name = source.name  # a method in older torch, a property in newer
+    return str(name() if callable(name) else name)
 
 
 def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
@@ -78,6 +94,10 @@ def functional(
     values = [t for _, t in lifted] + list(example_inputs)
     names: dict[int, str] = {i: name for i, (name, _) in enumerate(lifted)}
     names.update({len(lifted) + i: fqn for i, fqn in dynamo_params(gm).items()})
+    # what the user calls each input (``L['past_key_values'].layers[0].keys``), for reports
+    sources = [name for name, _ in lifted] + [
+        _source(n) for n in gm.graph.nodes if n.op == "placeholder"
+    ]
 
     def fw_compiler(aten: torch.fx.GraphModule, fakes: Sequence[Any]) -> Any:
         if len(fakes) != len(values):
@@ -88,13 +108,19 @@ def functional(
             )
         context = torch._guards.TracingContext.try_get()
         metadata = context.fw_metadata if context is not None else None
-        written = set()
+        written: set[int] = set()
+        # the inputs whose new values are outputs, in the order of those outputs
+        state: list[tuple[int, int]] = []  # (input, output)
         if metadata is not None:
             written = {
                 i
                 for i, info in enumerate(metadata.input_info)
                 if info.mutates_data or info.mutates_metadata
             }
+            # AOTAutograd returns the new value of each of these as output k
+            runtime = list(getattr(metadata, "mutated_inp_runtime_indices", ()))
+            state = [(i, k) for k, i in enumerate(runtime) if metadata.input_info[i].mutates_data]
+        placeholders = [n.name for n in aten.graph.nodes if n.op == "placeholder"]
         for node in aten.graph.nodes:  # the key the passes read, as in Dynamo's graphs
             if "val" in node.meta:
                 node.meta.setdefault("example_value", node.meta["val"])
@@ -102,6 +128,7 @@ def functional(
             values=tuple(values),
             params={i: fqn for i, fqn in names.items() if i not in written},
             mutated=tuple(names[i] for i in sorted(written) if i in names),
+            state=tuple((placeholders[i], k, sources[i]) for i, k in state),
         )
         if inputs.mutated:
             log.info(

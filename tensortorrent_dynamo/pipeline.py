@@ -1,5 +1,5 @@
-"""The stages one functional graph goes through, in order: cost graph → chunked
-alternative → plan → weights → rewrite → resident copies → compile.
+"""The stages one functional graph goes through, in order: state updates in place → cost
+graph → chunked alternative → plan → weights → rewrite → resident copies → compile.
 
 :func:`plan_and_compile` is the whole pipeline; each stage is a call into its package
 (``cost_graph``, ``passes``, ``plan``, ``weights``, ``run``, ``compiling``, ``report``).
@@ -7,6 +7,7 @@ alternative → plan → weights → rewrite → resident copies → compile.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,9 @@ from .functional import GraphInputs
 from .io.files import digest
 from .passes.chunk_weights import ChunkedGraph, chunk_weights
 from .passes.rewrite import rewrite
+from .passes.state_in_place import StateInPlace, copy_module
 from .plan.decisions import Decisions
+from .plan.kv_cache import KvCache, explain_infeasible
 from .plan.planner import GraphPlan, Split, plan_graph
 from .profile import HostProfile, host_profile
 from .run.runtime import Runtime
@@ -48,7 +51,9 @@ def plan_and_compile(
     settings = session.settings
     example_inputs = graph_inputs.values
     profile = host_profile(settings)
-    cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes)
+    reference = copy_module(gm) if settings.verify and graph_inputs.state else gm
+    StateInPlace(graph_inputs.state)(gm)
+    cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes, graph_inputs.state)
     source = (digest(gm.code, 64), cost.digest())
     if source in session.by_source:
         # A recompile (a guard failed) that produced the same graph with the same
@@ -62,11 +67,21 @@ def plan_and_compile(
         return again
     check_fallbacks(cost, settings.strict)
     chunked = (
-        chunk_weights(gm, example_inputs, cost, settings.stream_chunk_bytes, graph_inputs.params)
+        chunk_weights(
+            gm,
+            example_inputs,
+            cost,
+            settings.stream_chunk_bytes,
+            graph_inputs.params,
+            graph_inputs.state,
+        )
         if settings.stream_chunk_bytes
         else None
     )
-    plan = _plan(session, cost, chunked, example_inputs, profile, frame)
+    try:
+        plan = _plan(session, cost, chunked, example_inputs, profile, frame)
+    except PlanInfeasible as exc:
+        raise _infeasible(exc, session, gm, cost, chunked, example_inputs, profile, frame) from None
     module = gm
     if plan.split and chunked is not None:
         module, weights = chunked.module, chunked.weights(plan.cost, example_inputs)
@@ -98,7 +113,7 @@ def plan_and_compile(
         profile=profile,
         chunks=chunked if plan.split else None,
         lock=session.lock,
-        reference=gm if settings.verify else None,
+        reference=reference if settings.verify else None,
         frame=frame,
         enter=session.enter,
     )
@@ -160,6 +175,45 @@ def _plan(
             index,
         )
         return plan_with(cost, session.resident_bytes(frame, names, everywhere=True))
+
+
+def _infeasible(
+    error: PlanInfeasible,
+    session: Session,
+    gm: torch.fx.GraphModule,
+    cost: CostGraph,
+    chunked: ChunkedGraph | None,
+    example_inputs: Sequence[Any],
+    profile: HostProfile,
+    frame: int | None,
+) -> PlanInfeasible:
+    """``error``, or for a graph holding a static KV cache, the error naming the cache's
+    size and the largest length that fits (``plan.kv_cache``)."""
+    cache = KvCache.find(gm, cost)
+    if cache is None:
+        return error
+    quiet = dataclasses.replace(session.settings, plan_cache=False, plan=None)
+    trial = dataclasses.replace(session, settings=quiet, graphs=list(session.graphs))
+    split_cache = (
+        KvCache.find(chunked.module, chunked.cost)
+        if chunked is not None and chunked.cost is not None
+        else None
+    )
+
+    def fits(length: int) -> bool:
+        split = None
+        if chunked is not None and chunked.cost is not None:
+            split_cost = chunked.cost
+            if split_cache is not None:
+                split_cost = split_cache.shortened(chunked.module, chunked.cost, length)
+            split = dataclasses.replace(chunked, cost=split_cost)
+        try:
+            _plan(trial, cache.shortened(gm, cost, length), split, example_inputs, profile, frame)
+        except PlanInfeasible:
+            return False
+        return True
+
+    return explain_infeasible(error, cache, fits)
 
 
 def _saved_decisions(session: Session, cost: CostGraph, profile: HostProfile) -> Decisions | None:

@@ -157,10 +157,12 @@ def chunk_weights(
     cost: CostGraph,
     chunk_bytes: int,
     param_fqns: Mapping[int, str],
+    state: Sequence[tuple[str, int, str]] = (),
 ) -> ChunkedGraph | None:
     """The chunking pass: ``gm`` with every weight that can be split (:func:`splits`) in row
     chunks of at most ``chunk_bytes``, with its cost graph; ``None`` when none can. The
-    planner plans it instead of ``gm`` when it puts weights on disk (``plan.Split``)."""
+    planner plans it instead of ``gm`` when it puts weights on disk (``plan.Split``).
+    ``state`` is as for :func:`cost_graph.build_cost_graph` (placeholder names are kept)."""
     nodes = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
     ranges: dict[str, tuple[str, list[tuple[int, int]]]] = {}
     for param in cost.params:
@@ -175,7 +177,7 @@ def chunk_weights(
     # the weights as they are now (views of live ones); not kept: a view would keep the
     # RAM of a weight released later alive
     chunked.cost = build_cost_graph(
-        chunked.module, chunked.expand(example_inputs), chunked.fqns(param_fqns)
+        chunked.module, chunked.expand(example_inputs), chunked.fqns(param_fqns), state=state
     )
     return chunked
 

@@ -5,7 +5,9 @@ The parent graph calls each segment's submodule in order and, between them,
 device), ``prefetch``/``wait``/``evict`` (streamed parameters, double-buffered:
 each streamed parameter is prefetched when the segment the plan names starts) and
 ``spill``/``reload``/``wait`` (activations the plan sends to host memory between
-their producing segment and their next use).
+their producing segment and their next use) and ``state`` (an input the graph writes in
+place, such as a KV cache buffer, held on the device the plan keeps it on; its new value
+goes back there, not to the host).
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
         rt = graph.get_attr("tt_runtime")
 
     device_of: dict[torch.fx.Node, str] = {node: _home_device(node) for node in placeholders}
+    by_name = {node.name: node for node in placeholders}
+    for ref in cost.state:  # each input written in place, held where the plan keeps it
+        node, device = by_name[ref.placeholder], plan.node_device(ref.input)
+        with graph.inserting_after(rt):
+            held = graph.call_function(ops.state, (rt, node, ref.placeholder, device))
+        node.replace_all_uses_with(held, delete_user_cb=lambda user, held=held: user is not held)
+        device_of[held] = device
 
     moved: dict[tuple[torch.fx.Node, str], torch.fx.Node] = {}
     waited: dict[str, torch.fx.Node] = {}
@@ -127,7 +136,8 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
     _spill(parent, plan, rt, calls, issue_point)
 
     output = next(n for n in graph.nodes if n.op == "output")
-    home = _output_devices(gm)
+    state_home = {cost.nodes[r.output].name: plan.node_device(r.input) for r in cost.state}
+    home = _output_devices(gm, state_home)
 
     def back(value: Any, index: int) -> Any:
         if isinstance(value, torch.fx.Node) and device_of.get(value, "cpu") != home[index]:
@@ -235,12 +245,17 @@ def _values_passed(
     return passed
 
 
-def _output_devices(gm: torch.fx.GraphModule) -> list[str]:
-    """The device eager execution returns each output on."""
+def _output_devices(gm: torch.fx.GraphModule, state: dict[str, str]) -> list[str]:
+    """Where each output goes: for the new value of an input written in place, the device
+    the plan keeps that input on (``state``, by the name of the value); else the device
+    eager execution returns it on."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
     (results,) = output.args
     values = results if isinstance(results, (tuple, list)) else (results,)
-    return [_home_device(v) if isinstance(v, torch.fx.Node) else "cpu" for v in values]
+    return [
+        (state.get(v.name) or _home_device(v)) if isinstance(v, torch.fx.Node) else "cpu"
+        for v in values
+    ]
 
 
 def _home_device(node: torch.fx.Node) -> str:

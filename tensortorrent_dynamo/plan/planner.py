@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import psutil
@@ -192,9 +192,13 @@ def plan_graph(
         host_compute,
     )
 
+    movable = state_movable(devices)
+
     def native_graph(graph: CostGraph) -> _planner.CostGraph:
         homes = [_home(p.fqn, on_disk) for p in graph.params]
-        return graph.to_native(homes, disk_allowed=[True] * len(graph.params))
+        return graph.to_native(
+            homes, disk_allowed=[True] * len(graph.params), state_movable=movable
+        )
 
     whole = native_graph(cost)
     chunked = native_graph(split.cost) if split is not None else None
@@ -280,6 +284,16 @@ def plan_graph(
     )
 
 
+def state_movable(devices: Sequence[PlannedDevice] | Sequence[_planner.Device]) -> bool:
+    """Whether the planner may keep the inputs a graph writes in place (a KV cache) on an
+    accelerator between calls: on virtual devices, whose tensors are host tensors
+    accounted on the device, so that the cache's own tensors can be; not yet on CUDA,
+    where that would move the caller's tensors to the device (they stay in host memory
+    there, copied to the device and back each call, which explain() shows)."""
+    names = [d.name for d in devices]
+    return all(name == "cpu" or name.startswith("virtual:") for name in names)
+
+
 def _search_options(settings: Settings, host_compute: bool) -> dict[str, object]:
     """The options of the native search that shape its plan (and are in its hash)."""
     return {
@@ -313,7 +327,7 @@ def _replay(
         return None
     try:
         native = planner.replay(
-            graph.to_native(list(decisions.param_home)),
+            graph.to_native(list(decisions.param_home), state_movable=state_movable(devices)),
             devices,
             name=decisions.chosen,
             node_device=list(decisions.node_device),

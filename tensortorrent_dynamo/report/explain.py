@@ -141,6 +141,76 @@ def _explain_spills(graph: CompiledGraph) -> list[str]:
     return lines
 
 
+def _explain_state(graph: CompiledGraph) -> list[str]:
+    """The inputs the graph writes in place (a static KV cache): where each lives between
+    calls, and what that costs per call."""
+    plan = graph.plan
+    cost = plan.cost
+    if not cost.state:
+        return []
+    where: dict[str, list[int]] = {}
+    for i, ref in enumerate(cost.state):
+        where.setdefault(plan.node_device(ref.input), []).append(i)
+    lines = [
+        f"  written in place ({len(cost.state)} inputs, {format_bytes(cost.state_bytes)}; a "
+        "static KV cache's buffers and the like), placed by the plan:"
+    ]
+    for device, refs in where.items():
+        nbytes = sum(cost.state[i].nbytes for i in refs)
+        largest = max(refs, key=lambda i: (cost.state[i].nbytes, -i))
+        ref = cost.state[largest]
+        shape = "x".join(str(d) for d in ref.shape) or "scalar"
+        copied_in, copied_out = _state_copies(graph, refs, device)
+        if not copied_in and not copied_out:
+            cost_text = "used and updated there: no copy per call"
+        else:
+            cost_text = _copy_cost(graph, copied_in, copied_out)
+        held = "held on" if device != "cpu" else "in host memory on"
+        lines.append(
+            f"    {len(refs)} ({format_bytes(nbytes)}, the largest {ref.source} {shape} "
+            f"{ref.dtype}) {held} {device} between calls; {cost_text}"
+        )
+    return lines
+
+
+def _state_copies(
+    graph: CompiledGraph, refs: Sequence[int], device: str
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes of the state ``refs`` (kept on ``device``) copied each call: to each other
+    device reading them, and back from each device making their new values."""
+    plan = graph.plan
+    cost = plan.cost
+    copied_in: dict[str, int] = {}
+    copied_out: dict[str, int] = {}
+    for i in refs:
+        ref = cost.state[i]
+        readers = {
+            plan.node_device(n)
+            for n, node in enumerate(cost.nodes)
+            if ref.input in node.inputs and not node.is_graph_input
+        }
+        for reader in readers - {device}:
+            copied_in[reader] = copied_in.get(reader, 0) + ref.nbytes
+        made = plan.node_device(ref.output)
+        if made != device:
+            copied_out[made] = copied_out.get(made, 0) + cost.nodes[ref.output].out_bytes
+    return copied_in, copied_out
+
+
+def _copy_cost(graph: CompiledGraph, copied_in: dict[str, int], copied_out: dict[str, int]) -> str:
+    """The per-call copies of state as text, with their time at the planned link rates."""
+    rates = {d.name: d.profile for d in graph.plan.devices}
+    parts = []
+    seconds = 0.0
+    for dev, nbytes in copied_in.items():
+        parts.append(f"{format_bytes(nbytes)} copied to {dev}")
+        seconds += nbytes / rates[dev].h2d_bytes_per_s if dev in rates else 0.0
+    for dev, nbytes in copied_out.items():
+        parts.append(f"{format_bytes(nbytes)} of new values copied back from {dev}")
+        seconds += nbytes / rates[dev].d2h_bytes_per_s if dev in rates else 0.0
+    return f"{', '.join(parts)} each call (planned {format_seconds(seconds)} of copying)"
+
+
 def explain_graph(graph: CompiledGraph) -> str:
     """The plan of one graph as text."""
     plan = graph.plan
@@ -229,6 +299,7 @@ def explain_graph(graph: CompiledGraph) -> str:
         )
     else:
         lines.append("  streamed parameters: none")
+    lines += _explain_state(graph)
     lines += _explain_spills(graph)
     lines += _explain_disk(graph)
     fallbacks = cost.fallbacks

@@ -1,8 +1,8 @@
 """The ops the rewritten graph calls, and :class:`Segment`, the module each compiled
 subgraph runs in.
 
-The rewritten parent graph calls :func:`transfer`, :func:`resident`, :func:`prefetch`,
-:func:`wait`, :func:`evict`, :func:`spill` and :func:`reload` on the
+The rewritten parent graph calls :func:`transfer`, :func:`resident`, :func:`state`,
+:func:`prefetch`, :func:`wait`, :func:`evict`, :func:`spill` and :func:`reload` on the
 :class:`~.runtime.Runtime` it holds as ``self.tt_runtime``; ``print(gm.code)`` therefore
 reads as the schedule.
 """
@@ -39,6 +39,12 @@ def resident(rt: Runtime, param: torch.Tensor, key: str, device: str) -> torch.T
     return rt.resident_copy(key, param, device)
 
 
+def state(rt: Runtime, tensor: torch.Tensor, name: str, device: str) -> torch.Tensor:
+    """An input the graph writes in place (a KV cache buffer), held on ``device`` from now
+    on, between calls too: no copy per call."""
+    return rt.hold_state(tensor, name, device)
+
+
 def prefetch(rt: Runtime, param: torch.Tensor, key: str, device: str) -> PrefetchHandle:
     """Start copying a streamed parameter to ``device``; returns at once."""
     return rt.prefetch(param, key, device)
@@ -73,7 +79,7 @@ def reload(rt: Runtime, spilled: Any, what: str, device: str) -> Any:
     return tree_map(one, spilled)
 
 
-for _op in (prefetch, evict):
+for _op in (state, prefetch, evict):
     torch.fx.node.has_side_effect(_op)
 
 

@@ -74,6 +74,8 @@ class Runtime(torch.nn.Module):
         restart the measured spans."""
         if self.disk is not None:
             self.disk.check_unchanged()
+        for virtual in self.virtual.values():  # this call's graph holds its own state
+            virtual.release_held()
         self._handles.clear()
         self.recorder.restart()
 
@@ -126,6 +128,16 @@ class Runtime(torch.nn.Module):
         copy = self.resident.get(param, device)
         # none yet, or the parameter changed in place since it was copied: copy again
         return copy if copy is not None else self.make_resident(key, param, device)
+
+    def hold_state(self, tensor: torch.Tensor, name: str, device: str) -> torch.Tensor:
+        """Keep ``tensor``, an input the graph writes in place, on ``device`` (between calls
+        too). A virtual device accounts the tensor itself until it is freed or the next call
+        starts (whose graph holds its own state), so it is not copied per call; in host
+        memory it is itself. The plan keeps state on virtual devices and the host only
+        (``plan.planner.state_movable``)."""
+        if device in self.virtual:
+            return self.virtual[device].hold(tensor, f"{name} (held between calls)")
+        return tensor
 
     def resident_bytes(self, device: str, exclude: frozenset[str] = frozenset()) -> int:
         """Bytes of resident copies on ``device``, less those of the parameters named in

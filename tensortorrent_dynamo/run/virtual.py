@@ -71,6 +71,8 @@ class VirtualDevice:
         self._tensors: dict[int, Any] = {}
         # nbytes -> idle flat uint8 buffers of streamed parameters, reused across calls
         self._idle: dict[int, list[torch.Tensor]] = {}
+        # id -> the tensors held here between calls (``hold``): a graph's state
+        self._held: dict[int, weakref.ref[torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.h2d = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"tt-{name}-h2d"
@@ -96,6 +98,31 @@ class VirtualDevice:
                 raise
             self._account(tensor, what)
         return tensor
+
+    def hold(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Account ``tensor`` (the caller's, written in place by a graph) here from now on,
+        until it is freed or :meth:`release_held`."""
+        self.adopt(tensor, what)
+        with self._lock:
+            self._held[id(tensor)] = weakref.ref(tensor)
+        return tensor
+
+    def release_held(self) -> None:
+        """Stop accounting every tensor :meth:`hold` holds: at the start of a call, whose
+        plan counts only the state its own graph holds."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for ref in held:
+            tensor = ref()
+            if tensor is not None:
+                self.disown(tensor)
+
+    def disown(self, tensor: torch.Tensor) -> None:
+        """Stop accounting ``tensor`` here (a no-op when it is not): it now lives elsewhere."""
+        with self._lock:
+            finalizer = self._tensors.get(id(tensor))
+        if finalizer is not None:
+            finalizer()  # outside the lock: ``_release`` takes it
 
     def _account(self, tensor: torch.Tensor, what: str) -> None:
         storage = tensor.untyped_storage()

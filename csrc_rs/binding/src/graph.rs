@@ -28,6 +28,7 @@ impl PyCostGraph {
         node_bytes_accessed = None,
         param_home = None,
         param_disk_allowed = None,
+        state = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -43,6 +44,7 @@ impl PyCostGraph {
         node_bytes_accessed: Option<Vec<u64>>,
         param_home: Option<Vec<String>>,
         param_disk_allowed: Option<Vec<bool>>,
+        state: Option<Vec<(u32, u32, bool)>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -68,6 +70,9 @@ impl PyCostGraph {
             }
             if let Some(allowed) = param_disk_allowed {
                 graph = graph.with_disk_allowed(allowed)?;
+            }
+            if let Some(pairs) = state {
+                graph = graph.with_state(&pairs)?;
             }
             Ok(graph)
         };

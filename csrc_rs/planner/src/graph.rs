@@ -71,6 +71,13 @@ pub struct CostGraph {
     node_bytes_accessed: Vec<u64>,
     param_home: Vec<Tier>,
     param_disk_allowed: Vec<bool>,
+    // per node: for a graph output that is the new value of a state input (a
+    // KV cache buffer written in place), that input; `u32::MAX` otherwise
+    output_state: Vec<u32>,
+    state_input: Vec<bool>,
+    // per node: whether it is a state's new value written into the state itself
+    state_in_place: Vec<bool>,
+    state: Vec<(u32, u32, bool)>,
     // Derived indices, built once at construction.
     node_param_offsets: Vec<u32>,
     node_param_ids: Vec<u32>,
@@ -305,6 +312,10 @@ impl CostGraph {
             node_bytes_accessed: vec![0; n],
             param_home: vec![Tier::Host; p],
             param_disk_allowed: vec![false; p],
+            output_state: vec![u32::MAX; n],
+            state_input: vec![false; n],
+            state_in_place: vec![false; n],
+            state: Vec::new(),
             node_param_offsets,
             node_param_ids,
             consumer_offsets,
@@ -364,6 +375,78 @@ impl CostGraph {
         }
         self.param_disk_allowed = allowed;
         Ok(self)
+    }
+
+    /// Declares state: each `(input, output, in_place)` triple is a graph
+    /// input the graph writes in place (a KV cache buffer) and the output that
+    /// is its new value. The state lives on the device its input node is
+    /// placed on, between calls too: its new value goes there at the end of a
+    /// call (no copy when it is made there), not to the host as other outputs
+    /// do. With `in_place`, the output node writes into the state itself
+    /// (`index_copy_`): it allocates nothing where the state is, and a state
+    /// input that may move lives wherever its update runs (see
+    /// [`crate::placement`]).
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when an input is not a node without inputs
+    /// that comes before its output, when an output is not a graph output,
+    /// or when an output is named twice.
+    pub fn with_state(mut self, pairs: &[(u32, u32, bool)]) -> Result<Self, PlanError> {
+        let n = self.num_nodes();
+        for (k, &(input, output, in_place)) in pairs.iter().enumerate() {
+            let (i, o) = (input as usize, output as usize);
+            if i >= n || o >= n {
+                return Err(invalid(format!(
+                    "state[{k}] = ({input}, {output}) is out of range for {n} nodes"
+                )));
+            }
+            if !self.inputs(i).is_empty() || i >= o {
+                return Err(invalid(format!(
+                    "state[{k}]: node {input} is not a graph input coming before its new \
+                     value {output}"
+                )));
+            }
+            if !self.is_output[o] {
+                return Err(invalid(format!(
+                    "state[{k}]: node {output} is not a graph output"
+                )));
+            }
+            if self.output_state[o] != u32::MAX {
+                return Err(invalid(format!(
+                    "state[{k}]: node {output} is the new value of two state inputs"
+                )));
+            }
+            self.output_state[o] = input;
+            self.state_input[i] = true;
+            self.state_in_place[o] = in_place;
+        }
+        self.state = pairs.to_vec();
+        Ok(self)
+    }
+
+    /// For a graph output that is the new value of a state input, that input.
+    #[must_use]
+    pub fn state_of_output(&self, node: usize) -> Option<usize> {
+        let s = self.output_state[node];
+        (s != u32::MAX).then_some(s as usize)
+    }
+
+    /// Whether `node` is the input of a state pair.
+    #[must_use]
+    pub fn is_state_input(&self, node: usize) -> bool {
+        self.state_input[node]
+    }
+
+    /// Whether `node` is a state's new value written into the state itself.
+    #[must_use]
+    pub fn is_in_place(&self, node: usize) -> bool {
+        self.state_in_place[node]
+    }
+
+    /// The `(input, output, in_place)` state triples, as given.
+    #[must_use]
+    pub fn state_pairs(&self) -> &[(u32, u32, bool)] {
+        &self.state
     }
 
     /// Number of nodes.

@@ -29,7 +29,18 @@ pub(crate) struct Placement {
 impl Placement {
     /// A placement whose streaming flags are cleared where streaming means
     /// nothing.
-    pub(crate) fn new(g: &CostGraph, node_device: Vec<u32>, mut param_streamed: Vec<bool>) -> Self {
+    pub(crate) fn new(
+        g: &CostGraph,
+        mut node_device: Vec<u32>,
+        mut param_streamed: Vec<bool>,
+    ) -> Self {
+        // A state updated in place lives where its update runs (unless it must stay on
+        // the host): the update writes into it there.
+        for &(input, output, in_place) in g.state_pairs() {
+            if in_place && !g.node_host_only()[input as usize] {
+                node_device[input as usize] = node_device[output as usize];
+            }
+        }
         for (q, s) in param_streamed.iter_mut().enumerate() {
             *s = *s && streamable(g, &node_device, q);
         }

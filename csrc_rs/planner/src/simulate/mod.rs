@@ -655,8 +655,7 @@ impl Workspace {
             self.issue_reloads(inp, clock, su, dev);
         }
         let start = self.node_start(inp, clock, x, first_of_segment);
-        let out = g.node_out_bytes()[x];
-        clock.mem.push(dev, start, out, true);
+        clock.mem.push(dev, start, own_bytes(g, pl, x), true);
         let seconds =
             devices[dev as usize].node_time(g.node_flops()[x], g.node_bytes_accessed()[x]);
         let (_, finish) = clock.queues.run(
@@ -807,21 +806,25 @@ impl Workspace {
         let sid = seg.node_segment[x];
         let out = g.node_out_bytes()[x];
         let is_output = g.is_output(x);
+        // an output stays where it is made when that is its home (the host, or
+        // the device its state lives on); otherwise it is copied there at the end
+        let stays = is_output && output_home(g, pl, x) == dev;
 
         let lo = self.instances.len();
         let spill = self.node_spill[x];
         let remaining = if spill == u32::MAX {
-            self.releases(dev) + u32::from(is_output && dev != HOST)
+            self.releases(dev) + u32::from(is_output && !stays)
         } else {
             self.same_segment[du] + seg.spills[spill as usize].near_segments
         };
         self.instances.push(Instance {
             device: dev,
-            bytes: out,
+            bytes: own_bytes(g, pl, x),
             ready: finish,
             remaining,
             floor: finish,
-            keep: is_output && dev == HOST,
+            // a state input is the caller's tensor: held for the whole call
+            keep: stays || g.is_state_input(x),
             segment: sid,
             pending_in: 0,
             reload: false,
@@ -923,7 +926,7 @@ impl Workspace {
             self.last_segment[cdu] = u32::MAX;
         }
         self.input_stamp.resize(self.instances.len(), 0);
-        if g.is_output(x) && dev == HOST {
+        if g.is_output(x) && output_home(g, pl, x) == dev {
             clock.last_output = clock.last_output.max(finish);
         }
         for inst in &self.instances[lo..] {
@@ -953,23 +956,43 @@ impl Workspace {
         }
     }
 
-    /// Graph outputs made on accelerators go back to the host at the end,
-    /// once every node has finished.
+    /// Graph outputs not made at their home (the host; for a state's new
+    /// value, the device the state lives on) go there at the end, once every
+    /// node has finished: to the host, and on from it to an accelerator.
     fn copy_outputs_back(&mut self, inp: Inputs, clock: &mut Clock) {
         let (g, devices, pl) = (inp.g, inp.devices, inp.pl);
-        for x in (0..g.num_nodes()).filter(|&x| g.is_output(x) && pl.node_device[x] != HOST) {
-            let dev = pl.node_device[x];
+        for x in (0..g.num_nodes()).filter(|&x| g.is_output(x)) {
+            let (dev, home) = (pl.node_device[x], output_home(g, pl, x));
+            if dev == home {
+                continue;
+            }
             let home_inst = self.node_inst[x];
             let out = g.node_out_bytes()[x];
-            let copy = out as f64 / devices[dev as usize].d2h_bytes_per_s;
-            let (cs, ce) = clock.queues.run(
-                Resource::DeviceToHost(dev),
-                clock.makespan,
-                copy,
-                Activity::Output,
-                x as u32,
-            );
-            clock.mem.push(HOST, cs, out, true);
+            let mut ce = clock.makespan;
+            if dev != HOST {
+                let copy = out as f64 / devices[dev as usize].d2h_bytes_per_s;
+                let (cs, end) = clock.queues.run(
+                    Resource::DeviceToHost(dev),
+                    ce,
+                    copy,
+                    Activity::Output,
+                    x as u32,
+                );
+                clock.mem.push(HOST, cs, out, true);
+                ce = end;
+            }
+            if home != HOST {
+                let copy = out as f64 / devices[home as usize].h2d_bytes_per_s;
+                let (cs, end) = clock.queues.run(
+                    Resource::HostToDevice(home),
+                    ce,
+                    copy,
+                    Activity::Output,
+                    x as u32,
+                );
+                clock.mem.push(home, cs, out, true);
+                ce = end;
+            }
             clock.last_output = clock.last_output.max(ce);
             let inst = &mut self.instances[home_inst];
             inst.floor = inst.floor.max(ce);
@@ -1014,4 +1037,23 @@ impl Workspace {
             prefetch_wait_s,
         }
     }
+}
+
+/// The bytes node `x` allocates on its device: its value's, except for a
+/// state's new value written into the state where it is (no new memory).
+fn own_bytes(g: &CostGraph, pl: &Placement, x: usize) -> u64 {
+    let in_state = g.is_in_place(x)
+        && g.state_of_output(x)
+            .is_some_and(|i| pl.node_device[i] == pl.node_device[x]);
+    if in_state {
+        0
+    } else {
+        g.node_out_bytes()[x]
+    }
+}
+
+/// Where graph output `x` belongs at the end of a call: the device its state
+/// input is placed on, for a state's new value; else the host.
+fn output_home(g: &CostGraph, pl: &Placement, x: usize) -> u32 {
+    g.state_of_output(x).map_or(HOST, |i| pl.node_device[i])
 }
