@@ -6,7 +6,7 @@ native planner maps each of its error variants onto one class here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 class TensorTorrentError(Exception):
@@ -31,6 +31,38 @@ class PlanInfeasible(TensorTorrentError):
     def __init__(self, message: str, min_budgets: Mapping[str, int] | None = None) -> None:
         super().__init__(message)
         self.min_budgets: dict[str, int] = dict(min_budgets or {})
+
+
+class KvCacheTooLarge(PlanInfeasible):
+    """A static KV cache the budgets cannot hold beside the model: ``cache_bytes`` for
+    ``length`` positions; ``largest_length`` is the longest cache with which a plan exists
+    (0: none does). It is found when first asked for (the message asks for it), by
+    planning again: a caller that catches the error and plans otherwise pays nothing."""
+
+    def __init__(
+        self,
+        error: PlanInfeasible,
+        cache_bytes: int,
+        length: int,
+        largest: Callable[[], int],
+        describe: Callable[[int], str],
+    ) -> None:
+        super().__init__(str(error), error.min_budgets)
+        self.cache_bytes = cache_bytes
+        self.length = length
+        self._largest: Callable[[], int] | None = largest
+        self._describe = describe
+        self._found: int | None = None
+
+    @property
+    def largest_length(self) -> int:
+        if self._found is None:
+            assert self._largest is not None
+            self._found, self._largest = self._largest(), None  # the planner is not kept
+        return self._found
+
+    def __str__(self) -> str:
+        return self._describe(self.largest_length)
 
 
 class InvalidCostGraph(TensorTorrentError):

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from ..cost_graph import CostGraph, size_hint
-from ..errors import PlanInfeasible
+from ..errors import KvCacheTooLarge, PlanInfeasible
 from ..units import format_bytes
 
 aten = torch.ops.aten
@@ -95,39 +95,26 @@ class KvCache:
         return dataclasses.replace(cost, nodes=nodes)
 
 
-class KvCacheTooLarge(PlanInfeasible):
-    """A static KV cache that the budgets cannot hold: ``cache_bytes`` for ``length``
-    positions; ``largest_length`` is the longest cache with which a plan exists (0: none
-    does, the model itself does not fit). It is found when first asked for (the message
-    asks for it), by bisection: a caller that catches the error and plans otherwise
-    (``shapes.SizeRanges``) pays nothing for it."""
+def explain_infeasible(
+    error: PlanInfeasible, cache: KvCache | None, fits: Callable[[int], bool]
+) -> PlanInfeasible:
+    """``error`` as a :class:`KvCacheTooLarge` when the graph holds a static KV cache
+    (``cache``; else ``error`` itself); ``fits(length)`` says whether a plan of the graph
+    with a cache that long exists: the largest such length is found by bisection."""
+    if cache is None:
+        return error
 
-    def __init__(self, error: PlanInfeasible, cache: KvCache, fits: Callable[[int], bool]) -> None:
-        super().__init__(str(error), error.min_budgets)
-        self.cache_bytes = cache.nbytes
-        self.length = cache.length
-        self._cache: KvCache | None = cache
-        self._fits: Callable[[int], bool] | None = fits
-        self._largest: int | None = None
-        self._error = str(error)
+    def largest() -> int:
+        low, high = 0, cache.length  # `low` positions fit (0: trivially), `high` do not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle
+        return low
 
-    @property
-    def largest_length(self) -> int:
-        if self._largest is None:
-            assert self._fits is not None
-            low, high = 0, self.length  # `low` positions fit (0: trivially), `high` do not
-            while high - low > 1:
-                middle = (low + high) // 2
-                if self._fits(middle):
-                    low = middle
-                else:
-                    high = middle
-            self._largest, self._fits = low, None  # the planner's state is not kept
-        return self._largest
-
-    def __str__(self) -> str:
-        cache = self._cache
-        assert cache is not None
+    def describe(length: int) -> str:
         per_position = cache.nbytes / cache.length
         shape = "x".join(str(s) for s in cache.shape)
         dtype = str(cache.dtype).removeprefix("torch.")
@@ -136,19 +123,12 @@ class KvCacheTooLarge(PlanInfeasible):
             f"{format_bytes(cache.nbytes)} for {cache.length} positions, "
             f"{format_bytes(round(per_position))} per position) does not fit beside the model"
         )
-        if self.largest_length == 0:
-            return f"{what}, and no cache length does: {self._error}"
+        if length == 0:
+            return f"{what}, and no cache length does: {error}"
         return (
-            f"{what}: the largest cache length that fits is {self.largest_length} positions "
-            "(about the prompt's length plus max_new_tokens); ask for fewer new tokens, a "
-            f"shorter prompt or a smaller batch, or raise the budget ({self._error})"
+            f"{what}: the largest cache length that fits is {length} positions (about the "
+            "prompt's length plus max_new_tokens); ask for fewer new tokens, a shorter "
+            f"prompt or a smaller batch, or raise the budget ({error})"
         )
 
-
-def explain_infeasible(
-    error: PlanInfeasible, cache: KvCache | None, fits: Callable[[int], bool]
-) -> PlanInfeasible:
-    """``error`` as a :class:`KvCacheTooLarge` when the graph holds a static KV cache
-    (``cache``; else ``error`` itself); ``fits(length)`` says whether a plan of the graph
-    with a cache that long exists."""
-    return error if cache is None else KvCacheTooLarge(error, cache, fits)
+    return KvCacheTooLarge(error, cache.nbytes, cache.length, largest, describe)

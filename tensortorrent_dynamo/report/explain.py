@@ -162,7 +162,14 @@ def _explain_state(graph: CompiledGraph) -> list[str]:
         shape = "x".join(str(d) for d in ref.shape) or "scalar"
         copied_in, copied_out = _state_copies(graph, refs, device)
         if not copied_in and not copied_out:
-            cost_text = "used and updated there: no copy per call"
+            in_place = sum(cost.state[i].in_place for i in refs)
+            if in_place == len(refs):
+                how = "in place there"
+            elif in_place:
+                how = f"there ({in_place} in place, {len(refs) - in_place} as a new value)"
+            else:
+                how = "there (as a new value)"
+            cost_text = f"read and updated {how}: no copy per call"
         else:
             cost_text = _copy_cost(graph, copied_in, copied_out)
         held = "held on" if device != "cpu" else "in host memory on"
