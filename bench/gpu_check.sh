@@ -5,7 +5,9 @@
 # pinned host memory, and streamed from disk through pinned buffers, checked against eager;
 # an activation spilled to pinned host memory and back), the CPU benches for reference, and
 # hf_offload with the budget on
-# cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json).
+# cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json),
+# and generate --quick the same way (a 35M-parameter Qwen3 generating 8 tokens, the budget on
+# cuda:0 half its weights; generate_cuda.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results}"
@@ -65,5 +67,6 @@ PY
   python3 -m bench.fit --quick
   if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
     python3 -m bench.hf_offload --device cuda:0 --rounds 1 --repeats 3 --timeout 300 --results "$out"
+    python3 -m bench.generate --quick --device cuda:0 --timeout 300 --results "$out" || true
   fi
 } 2>&1 | tee "$out/gpu_check.log"

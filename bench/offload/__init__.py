@@ -1,4 +1,4 @@
-"""The harness of the offload benches (ram_offload, hf_offload).
+"""The harness of the offload benches (ram_offload, hf_offload, generate).
 
 A model whose parameters are larger than a memory budget is run by eager PyTorch with no
 budget (the reference), by Accelerate with the budget and the rest offloaded, and by
@@ -62,6 +62,17 @@ What each competitor holds in RAM (CPU mode; all hold the inputs and activations
   the budget and an ``offload_dir``: its lifetime peak includes the whole model (it was
   given the whole model), its peak during calls shows what it kept.
 
+A generative workload (``GenerateWorkload``, ``bench.generate``): a call is one greedy
+``model.generate`` of ``new_tokens`` tokens (``generation``), eager and Accelerate with the
+default KV cache, TensorTorrent with ``model.forward`` compiled by ``torch.compile(backend=
+"tensortorrent")`` and a static cache (its prefill and decode graphs compiled by a first call,
+its compile seconds); the setup step saves eager's greedy tokens and first-step logits. A
+logits processor stamps each step, so that every call also gives its prefill ms, decode
+ms per step and decode tokens/s (``per_call``), pooled by ``summarize_generate_regime``
+with a lower bound per decode step instead of per call. With ``--accelerate-shard-mib``
+the setup step also saves the checkpoint as shards with a Hugging Face index, which
+Accelerate loads one shard at a time (from the single file it holds every tensor at once).
+
 CUDA mode (``--device cuda:0``, the GPU check): the budget is on the accelerator; ``eager``
 runs on it with every weight resident, ``eager_cpu`` is CPU eager, Accelerate gets
 ``max_memory={0: budget, "cpu": ...}`` and TensorTorrent ``budgets={"cuda:0": budget}``.
@@ -82,16 +93,20 @@ cgroup of its own limited to the budget plus ALLOWANCE (the process itself: the 
 torch and its competitor's library imported, the model built on meta), the page cache its
 reads fill counted against it, as on a machine with that much RAM. A process over the limit is
 killed by the kernel and recorded as a failed competitor ("killed by its memory limit"), not
-a crash of the bench; where no cgroup can be made the JSON's ``mem_limit`` says why.
+a crash of the bench; where no cgroup can be made the JSON's ``mem_limit`` says why. A bench
+may leave its reference out of the limit (``run_bench(unlimited=...)``: ``bench.generate``'s
+eager); each limited process's cgroup peak (its memory and page cache) is in its result.
 
 The modules, each importing only modules listed above it:
 
 - ``cgroup``: a command run in a memory cgroup of its own (v1 or v2).
 - ``workload``: what a bench supplies (the ``Workload`` protocol) and the output checks.
+- ``generation``: a generative workload's call, ``generate()`` with each step timed.
 - ``measure``: measurements inside a competitor's process (page cache, RSS, io bytes).
 - ``competitors``: ``Context``, ``Competitor`` and its subclasses, by name in ``COMPETITORS``.
 - ``child``: a competitor's process and the setup step (``python -m bench.offload.child``).
 - ``disk``: the disk's read bandwidth (``DiskBench``, ``DiskReader``), the bound's rate.
-- ``summary``: each competitor's rounds pooled into medians; the lower bound and the ratios.
+- ``summary``: each competitor's rounds pooled into medians; the lower bound and the ratios
+  (of calls, or of a generation's decode steps).
 - ``runner``: ``run_bench``, the options every offload bench has, the printed summary.
 """

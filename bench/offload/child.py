@@ -1,8 +1,9 @@
 """A competitor's process: ``python -m bench.offload.child {run,setup} SPEC.json OUT.json``.
 
-``setup`` builds the seeded model and saves the checkpoint, the inputs and eager's outputs;
-``run`` runs one competitor on one regime (setup, compile, warm-up, cold and warm timed
-calls) and writes what it measured.
+``setup`` builds the seeded model and saves the checkpoint, the inputs and eager's outputs
+(for a ``GenerateWorkload``, eager's greedy tokens and first logits); ``run`` runs one
+competitor on one regime (setup, compile, warm-up, cold and warm timed calls) and writes what
+it measured.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from typing import Any
 import torch
 
 from .competitors import COMPETITORS, Call, Competitor, Context
+from .generation import Generate
 from .measure import PeakRss, drop_page_cache, io_read_bytes, param_bytes, proc_status
-from .workload import Workload, load_workload, worst_quality
+from .workload import GenerateWorkload, Workload, load_workload, worst_quality
 
 CHECKPOINT = "model.safetensors"
 REFERENCE = "reference.pt"
+SHARDS = "shards"
+"""The directory of the checkpoint's sharded copy (``shard_bytes``), for Accelerate."""
+SHARD_INDEX = "model.safetensors.index.json"
 
 
 def synchronize(device: str) -> None:
@@ -34,7 +39,7 @@ def synchronize(device: str) -> None:
 def timed_calls(
     call: Call,
     competitor: Competitor,
-    expected: torch.Tensor,
+    expected: Any,
     workload: Workload,
     count: int,
     drop: bool,
@@ -133,8 +138,36 @@ def child_main(spec_path: Path, out_path: Path) -> int:
     return 0
 
 
+def save_shards(state: Mapping[str, torch.Tensor], directory: Path, shard_bytes: int) -> Path:
+    """The same tensors as shards of at most ``shard_bytes`` (a tensor larger than that has a
+    shard of its own) with a Hugging Face index (``model.safetensors.index.json``), which
+    ``load_checkpoint_and_dispatch`` loads one shard at a time; the index's path."""
+    from safetensors.torch import save_file
+
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][key] = tensor
+        size += nbytes
+    directory.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    for number, group in enumerate(groups, start=1):
+        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        save_file(dict(group), str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(group, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = directory / SHARD_INDEX
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return index
+
+
 def setup_main(spec_path: Path, out_path: Path) -> int:
-    """Build the seeded model, save the checkpoint, the inputs and eager's outputs."""
+    """Build the seeded model, save the checkpoint (and with ``shard_bytes`` its sharded
+    copy), the inputs and eager's outputs."""
     from safetensors.torch import save_file
 
     spec = json.loads(spec_path.read_text())
@@ -146,18 +179,27 @@ def setup_main(spec_path: Path, out_path: Path) -> int:
     built_s = time.perf_counter() - start
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(work / CHECKPOINT), metadata={"format": "pt"})
+    shards = None
+    if spec.get("shard_bytes"):
+        index = json.loads(save_shards(state, work / SHARDS, spec["shard_bytes"]).read_text())
+        shards = len(set(index["weight_map"].values()))
     del state
     saved_s = time.perf_counter() - start - built_s
-    reference = {}
+    reference: dict[str, dict[str, Any]] = {}
     for regime in workload.regimes:
         inputs = workload.inputs(regime)
-        reference[regime] = {"inputs": list(inputs), "output": model(*inputs)}
+        if isinstance(workload, GenerateWorkload):
+            output = Generate(model, inputs[0], workload.new_tokens)()
+        else:
+            output = model(*inputs)
+        reference[regime] = {"inputs": list(inputs), "output": output}
     torch.save(reference, work / REFERENCE)
     out_path.write_text(
         json.dumps(
             {
                 "param_bytes": param_bytes(model),
                 "checkpoint_bytes": (work / CHECKPOINT).stat().st_size,
+                "shards": shards,
                 "build_s": built_s,
                 "save_s": saved_s,
                 "seconds": time.perf_counter() - start,

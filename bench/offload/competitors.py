@@ -1,6 +1,8 @@
 """The competitors: what each is told (``Context``), how each loads and calls the model
 (``Competitor`` and its subclasses: eager, Accelerate, TensorTorrent), by name in
-``COMPETITORS``."""
+``COMPETITORS``. A call is one forward, or for a ``GenerateWorkload`` one ``generate()``
+(``bench.offload.generation``): eager and Accelerate with the default (dynamic) KV cache,
+TensorTorrent with the model's ``forward`` compiled by ``torch.compile`` and a static cache."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .workload import Workload
+from .generation import Generate
+from .workload import GenerateWorkload, Workload
 
 DISK_UNBOUNDED = 1 << 50
 """Accelerate's ``max_memory`` for the tier that takes whatever the budget leaves."""
@@ -32,7 +35,8 @@ def load_checkpoint_into(model: torch.nn.Module, checkpoint: Path) -> torch.nn.M
     return model.eval()
 
 
-Call = Callable[[], torch.Tensor]
+Call = Callable[[], Any]
+"""One call of the model: its output (a tensor, or a generation's tokens and logits)."""
 
 
 class Context:
@@ -41,10 +45,15 @@ class Context:
     def __init__(self, spec: Mapping[str, Any], workload: Workload) -> None:
         self.workload = workload
         self.checkpoint = Path(spec["checkpoint"])
+        sharded = spec.get("accelerate_checkpoint")
+        self.accelerate_checkpoint = Path(sharded) if sharded else self.checkpoint
+        """What Accelerate loads: the checkpoint, or the index of its sharded copy."""
         self.offload_dir = Path(spec["offload_dir"])
         self.budget = int(spec["budget_bytes"])
         self.device = str(spec["device"])
         self.cuda = self.device.startswith("cuda")
+        self.new_tokens = workload.new_tokens if isinstance(workload, GenerateWorkload) else None
+        """Tokens each call generates; ``None``: a call is one forward."""
 
 
 class Competitor:
@@ -59,6 +68,8 @@ class Competitor:
         """Where the model runs and its inputs are put."""
         self.model: torch.nn.Module | None = None
         self.info: dict[str, Any] = {}
+        self.generate: Generate | None = None
+        """A generative workload's call, whose figures ``after_call`` reports."""
 
     def imports(self) -> None:
         """Import what this competitor needs (before the RSS baseline)."""
@@ -69,11 +80,22 @@ class Competitor:
     def prepare(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Call:
         """A call of the model on ``inputs`` (compiling for them if this competitor does)."""
         module = model if self.model is None else self.model
+        if self.ctx.new_tokens is not None:
+            return self.generation(module, inputs)
         return lambda: module(*inputs)
 
+    def generation(
+        self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], static_cache: bool = False
+    ) -> Generate:
+        """The call of a generative workload: ``module.generate`` on ``inputs`` (the prompt)."""
+        assert self.ctx.new_tokens is not None
+        (input_ids,) = inputs
+        self.generate = Generate(module, input_ids, self.ctx.new_tokens, static_cache)
+        return self.generate
+
     def after_call(self) -> dict[str, Any]:
-        """Figures of the call just made (e.g. bytes read from disk)."""
-        return {}
+        """Figures of the call just made (e.g. bytes read from disk, a generation's steps)."""
+        return self.generate.figures() if self.generate is not None else {}
 
     def regime_info(self) -> dict[str, Any]:
         """Figures of the regime after its calls (e.g. the plan)."""
@@ -103,7 +125,7 @@ class Accelerate(Competitor):
         "modules its device_map puts on 'cpu' as resident tensors; modules on 'disk' are "
         ".dat files in the offload dir, each read (np.memmap copied into a tensor) for its "
         "forward and dropped after it; load_checkpoint_and_dispatch reads the whole "
-        "single-file checkpoint into RAM during setup"
+        "single-file checkpoint into RAM during setup (a sharded copy: one shard at a time)"
     )
 
     def imports(self) -> None:
@@ -127,9 +149,10 @@ class Accelerate(Competitor):
         self.info["max_memory"] = {str(k): v for k, v in max_memory.items()}
         self.info["device_map"] = {k: str(v) for k, v in device_map.items()}
         self.info["device_map_split"] = device_map_split(model, device_map)
+        self.info["checkpoint"] = str(ctx.accelerate_checkpoint)
         self.model = load_checkpoint_and_dispatch(
             model,
-            str(ctx.checkpoint),
+            str(ctx.accelerate_checkpoint),
             device_map=device_map,
             offload_folder=str(ctx.offload_dir),
         )
@@ -157,6 +180,8 @@ class TensorTorrent(Competitor):
 
     use_checkpoint = True
     compiled: Any = None
+    _disk_read = 0
+    """Bytes the last generative call read from disk (by the backend's readers)."""
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -183,15 +208,54 @@ class TensorTorrent(Competitor):
         import tensortorrent as tt
 
         source = model if self.model is None else self.model
+        if self.ctx.new_tokens is not None:
+            return self.prepare_generate(source, inputs)
         compiled = tt.compile(source, example_inputs=inputs, **self.options())
         self.compiled = compiled
         return lambda: compiled(*inputs)
 
+    def prepare_generate(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Call:
+        """``model.forward`` compiled by ``torch.compile(backend="tensortorrent")``, called by
+        ``generate()`` with a static cache (a prefill and a decode graph); one call made here
+        compiles both. The ``checkpoint`` option does not bind a meta model through
+        ``torch.compile`` (Dynamo would trace its meta tensors): ``tt.bind_checkpoint`` does."""
+        import tensortorrent as tt
+
+        options = self.options()
+        if "checkpoint" in options:
+            tt.bind_checkpoint(model, options["checkpoint"])
+        forward: Any = torch.compile(model.forward, backend="tensortorrent", options=options)
+        model.forward = forward
+        generate = self.generation(model, inputs, static_cache=True)
+
+        def call() -> dict[str, torch.Tensor]:
+            before = self._disk_bytes_total()
+            out = generate()
+            self._disk_read = self._disk_bytes_total() - before
+            return out
+
+        call()
+        return call
+
+    def _disk_bytes_total(self) -> int:
+        """Bytes the registered backend's disk readers read so far (one reader a session)."""
+        from tensortorrent_dynamo import tensortorrent_backend
+
+        sessions = tensortorrent_backend.sessions.values()
+        return sum(s.disk.reader.bytes_read for s in sessions if s.disk is not None)
+
     def after_call(self) -> dict[str, Any]:
-        return {"disk_bytes_read": int(self.compiled.disk_bytes_read())}
+        if self.compiled is not None:
+            return {"disk_bytes_read": int(self.compiled.disk_bytes_read())}
+        return {**super().after_call(), "disk_bytes_read": self._disk_read}
 
     def regime_info(self) -> dict[str, Any]:
-        return {"explain": self.compiled.explain()}
+        if self.compiled is not None:
+            return {"explain": self.compiled.explain()}
+        from tensortorrent_dynamo import tensortorrent_backend
+        from tensortorrent_dynamo.report.explain import explain
+
+        return {"explain": explain(tensortorrent_backend.graphs)}
 
 
 class TensorTorrentInMemory(TensorTorrent):

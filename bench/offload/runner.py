@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..common import RESULTS, write_results
 from .cgroup import CgroupUnavailable, MemoryCgroup, limited_run
-from .child import CHECKPOINT, REFERENCE
+from .child import CHECKPOINT, REFERENCE, SHARD_INDEX, SHARDS
 from .competitors import COMPETITORS
 from .disk import disk_figures, measure_disk, measure_reader
 from .measure import drop_page_cache
@@ -32,6 +32,11 @@ CUDA_COMPETITORS = ("eager_cpu", "eager", "accelerate", "tensortorrent")
 """The competitors of the CUDA mode (the budget on the GPU)."""
 RATIO_KEYS = ("over_accelerate_cold", "over_accelerate_warm", "over_lower_bound_cold")
 """The headline ratios of the main TensorTorrent competitor (the bench's ``figure``)."""
+
+Summarize = Callable[[Mapping[str, Sequence[Mapping[str, Any]]], int, int, float | None, bool], Any]
+"""A regime's processes (by competitor, one a round), parameter bytes, budget, disk read
+bandwidth, CUDA mode -> the regime's figures: ``summarize_regime`` or
+``summarize_generate_regime``; a ``figure`` key in them is the bench's headline."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_repeats: int = DEFAULT_REPEATS) -> None:
@@ -81,12 +86,22 @@ def add_arguments(parser: argparse.ArgumentParser, default_repeats: int = DEFAUL
         "--disk-mib", type=int, default=None, help="size of the DiskBench probe file"
     )
     parser.add_argument(
+        "--accelerate-shard-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="Accelerate loads a sharded copy of the checkpoint (shards of at most MIB MiB, "
+        "with an index), one shard at a time, instead of the single file, which "
+        "load_checkpoint_and_dispatch reads into RAM whole (default: the single file)",
+    )
+    parser.add_argument(
         "--mem-limit",
         default=None,
         metavar="ALLOWANCE",
         help="run each competitor's process in a memory cgroup of its own, limited to the "
         "budget plus ALLOWANCE (e.g. 1GiB: the process itself, torch imported, the model "
-        "built on meta); its page cache counts against the limit (CPU mode only)",
+        "built on meta); its page cache counts against the limit (CPU mode only; 'none': "
+        "no limit)",
     )
 
 
@@ -111,6 +126,7 @@ def _subprocess(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     start = time.perf_counter()
     error = None
+    cgroup: dict[str, Any] | None = None
     with open(log_path, "w") as log:
         argv: list[str | os.PathLike[str]] = [
             sys.executable,
@@ -128,12 +144,16 @@ def _subprocess(
                     error = f"exit status {proc.returncode}"
             else:
                 limited = limited_run(argv, limit_bytes, timeout=timeout, **io)
+                cgroup = {"limit_bytes": limit_bytes, "peak_bytes": limited.peak_bytes}
                 if limited.returncode:
                     error = limited.describe()
         except subprocess.TimeoutExpired:
             error = f"timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
     result = json.loads(out_path.read_text()) if out_path.is_file() else None
+    if result is not None and cgroup is not None:
+        # the cgroup's peak: the process and the page cache its reads filled
+        result["cgroup"] = cgroup
     if error or result is None:
         tail = log_path.read_text().strip().splitlines()[-5:]
         error = f"{error or 'no result written'}; log {log_path}: " + " | ".join(tail)
@@ -141,11 +161,12 @@ def _subprocess(
 
 
 def _mem_limit(
-    allowance: str | None, budget: int, cuda: bool
+    allowance: str | None, budget: int, cuda: bool, unlimited: Sequence[str] = ()
 ) -> tuple[dict[str, Any] | None, int | None]:
     """What ``--mem-limit`` gives: its record for the JSON and the cgroup limit (``None`` for
-    none: not asked, the GPU mode, or no cgroup can be made here, the record saying why)."""
-    if allowance is None:
+    none: not asked, the GPU mode, or no cgroup can be made here, the record saying why).
+    ``unlimited``: competitors that run without the limit whatever it is (a reference)."""
+    if allowance is None or allowance.lower() == "none":
         return None, None
     from tensortorrent_dynamo.units import parse_bytes
 
@@ -157,7 +178,10 @@ def _mem_limit(
         MemoryCgroup.create(limit).remove()
     except CgroupUnavailable as exc:
         return {"skipped": str(exc)}, None
-    return {"allowance_bytes": allowance_bytes, "limit_bytes": limit}, limit
+    record: dict[str, Any] = {"allowance_bytes": allowance_bytes, "limit_bytes": limit}
+    if unlimited:
+        record["unlimited"] = list(unlimited)
+    return record, limit
 
 
 def schedule(
@@ -179,10 +203,17 @@ def run_bench(
     competitors: Sequence[str],
     device: str = "cpu",
     disk_mib: int = 256,
+    summarize: Summarize = summarize_regime,
+    unlimited: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+    report: Callable[[str, Mapping[str, Any]], None] | None = None,
 ) -> Path:
     """Setup, disk bandwidth, every competitor in its own process, in rounds; write the JSON.
 
     ``competitors`` are the CPU mode's defaults; ``--competitors`` overrides them.
+    ``summarize`` makes each regime's figures; the competitors in ``unlimited`` run without
+    ``--mem-limit``'s cgroup; ``extra`` is added to the JSON; ``report`` prints the summary
+    (default ``print_summary``).
     """
     started = time.perf_counter()
     rounds = (1 if args.quick else DEFAULT_ROUNDS) if args.rounds is None else args.rounds
@@ -193,6 +224,9 @@ def run_bench(
     (work / "offload").mkdir(parents=True)
     cuda = device.startswith("cuda")
     base = {"workload": workload_ref, "params": dict(params), "work_dir": str(work)}
+    shard_mib = getattr(args, "accelerate_shard_mib", None)
+    if shard_mib:
+        base["shard_bytes"] = shard_mib << 20
     setup, error, _ = _subprocess("setup", base, work, "setup", args.timeout)
     if setup is None or error:
         raise RuntimeError(f"{name}: setup failed: {error}")
@@ -207,9 +241,12 @@ def run_bench(
         f"{name}: setup {setup['seconds']:.1f} s, {param_nbytes} parameter bytes, budget {budget} B"
         f", {rounds} round(s) of {repeats} cold + {repeats} warm calls per process"
     )
-    mem_limit, limit_bytes = _mem_limit(args.mem_limit, budget, cuda)
+    mem_limit, limit_bytes = _mem_limit(args.mem_limit, budget, cuda, unlimited)
     if limit_bytes is not None:
-        print(f"{name}: each competitor runs in a memory cgroup limited to {limit_bytes} B")
+        print(
+            f"{name}: each competitor runs in a memory cgroup limited to {limit_bytes} B"
+            + (f" (but {', '.join(unlimited)})" if unlimited else "")
+        )
     elif mem_limit is not None:
         print(f"{name}: no memory limit: {mem_limit['skipped']}")
     disk_before = measure_disk(work / "offload", args.disk_mib or disk_mib)
@@ -242,6 +279,7 @@ def run_bench(
                 "competitor": competitor,
                 "regime": regime,
                 "checkpoint": str(work / CHECKPOINT),
+                "accelerate_checkpoint": str(work / SHARDS / SHARD_INDEX) if shard_mib else None,
                 "reference": str(work / REFERENCE),
                 "offload_dir": str(offload),
                 "budget_bytes": budget,
@@ -251,8 +289,9 @@ def run_bench(
                 "drop_caches": drop_note is None,
             }
             start_s = time.perf_counter() - started
+            limit = None if competitor in unlimited else limit_bytes
             result, error, process_s[label] = _subprocess(
-                "run", spec, work, label, args.timeout, limit_bytes
+                "run", spec, work, label, args.timeout, limit
             )
             if error and (result is None or "error" not in result):
                 result = {**(result or {}), "ok": False, "error": error}
@@ -274,8 +313,15 @@ def run_bench(
         disk_before, measure_disk(work / "offload", args.disk_mib or disk_mib), reader
     )
     regimes = {
-        regime: summarize_regime(by_name, param_nbytes, budget, disk["read_bytes_per_s"], cuda)
+        regime: summarize(by_name, param_nbytes, budget, disk["read_bytes_per_s"], cuda)
         for regime, by_name in runs.items()
+    }
+    # the headline: the summary's own ``figure``, else the main TensorTorrent's RATIO_KEYS
+    figure = {
+        regime: data.pop("figure")
+        if "figure" in data
+        else {k: v for k, v in data["ratios"].get(MAIN_TT, {}).items() if k in RATIO_KEYS}
+        for regime, data in regimes.items()
     }
     payload = {
         "method": (
@@ -308,20 +354,23 @@ def run_bench(
         "page_cache": drop_note
         or "dropped before each cold timed call (sync; echo 3 > /proc/sys/vm/drop_caches)",
         "setup": setup,
+        "accelerate_checkpoint": (
+            f"{SHARDS}/{SHARD_INDEX}: {setup.get('shards')} shards of at most {shard_mib} MiB"
+            if shard_mib
+            else CHECKPOINT
+        ),
         "disk": disk,
         "regimes": regimes,
-        "figure": {
-            regime: {k: v for k, v in data["ratios"].get(MAIN_TT, {}).items() if k in RATIO_KEYS}
-            for regime, data in regimes.items()
-        },
+        "figure": figure,
         "errors": errors,
         "process_s": process_s,
         "runtime_s": time.perf_counter() - started,
         "work_dir": str(work),
+        **(extra or {}),
     }
     # A GPU run must not overwrite the CPU run's figures.
     path = write_results(f"{name}_cuda" if cuda else name, payload, args.results)
-    print_summary(name, payload)
+    (report or print_summary)(name, payload)
     print(f"wrote {path} ({payload['runtime_s']:.0f} s)")
     return path
 
@@ -331,9 +380,16 @@ def print_row(label: str, result: Mapping[str, Any], seconds: float) -> None:
         print(f"  {label:<34} failed ({seconds:.0f} s): {result['error'][:300]}")
         return
     mib = 2**20
+    calls = result["cold"]["per_call"]
+    steps = ""
+    if calls and calls[0].get("decode_tokens_per_s") is not None:
+        steps = (
+            f"prefill {calls[0]['prefill_ms']:8.1f} ms  "
+            f"decode {calls[0]['decode_tokens_per_s']:7.2f} tok/s (cold)  "
+        )
     print(
         f"  {label:<34} cold {result['cold']['median_ms']:9.1f} ms  "
-        f"warm {result['warm']['median_ms']:9.1f} ms  "
+        f"warm {result['warm']['median_ms']:9.1f} ms  {steps}"
         f"peak RSS {result['peak_rss_bytes'] / mib:6.0f} MiB "
         f"(cold calls {(result['cold']['peak_rss_calls_bytes'] or 0) / mib:6.0f} MiB)  "
         f"ok={result['ok']}  ({seconds:.0f} s)"

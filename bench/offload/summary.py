@@ -1,5 +1,7 @@
 """Rounds, medians and ratios: one competitor's processes over the rounds pooled into
-medians, and per regime the lower bound and the ratios (headline, pooled, per round)."""
+medians, and per regime the lower bound and the ratios (headline, pooled, per round):
+``summarize_regime`` for calls of one forward, ``summarize_generate_regime`` for
+``generate()`` calls (prefill, decode tokens/s, and a lower bound per decode step)."""
 
 from __future__ import annotations
 
@@ -22,13 +24,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _forwards(result: Mapping[str, Any]) -> int:
+    """Forwards of the model per call: 1, or a generation's steps."""
+    calls = result["cold"]["per_call"]
+    return int(calls[0].get("forwards", 1)) if calls else 1
+
+
 def _streamed(result: Mapping[str, Any]) -> tuple[int | float | None, str | None]:
     """The bytes a competitor's process read from disk per cold call, and where from."""
     split = result["info"].get("device_map_split")
     if split is not None:
-        return split.get("disk", {}).get("param_bytes", 0), (
-            "parameter bytes of the modules mapped to 'disk'"
-        )
+        forwards = _forwards(result)
+        source = "parameter bytes of the modules mapped to 'disk'"
+        if forwards > 1:
+            source += f", read by each of the call's {forwards} forwards"
+        return split.get("disk", {}).get("param_bytes", 0) * forwards, source
     reads = [c["disk_bytes_read"] for c in result["cold"]["per_call"] if "disk_bytes_read" in c]
     if reads:
         return _median(reads), "compiled.disk_bytes_read(), median over cold calls"
@@ -116,6 +126,7 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "rss_after_setup": peak["rss_after_setup"],
         "rss_after_cold_calls": peak["cold"]["rss_after_calls"],
         "io_read_bytes_cold_median": _median(io_reads),
+        "cgroup_peak_bytes": _max([r.get("cgroup", {}).get("peak_bytes") for r in results]),
         "holds_in_ram": results[0]["holds_in_ram"],
     }
     disk_reads = [
@@ -140,7 +151,167 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             row["device_map_note"] = "the device_map differed between rounds; round 1's is shown"
     if "explain" in results[0]:
         row["explain"] = results[0]["explain"]
+    generation = _generation(results, rounds)
+    if generation is not None:
+        row["generate"] = generation
     return row
+
+
+GENERATE_KEYS = ("prefill_ms", "decode_ms_per_step", "decode_tokens_per_s")
+"""A generation's per-call figures (``bench.offload.generation``), pooled by median."""
+
+
+def _generation(
+    results: Sequence[Mapping[str, Any]], rounds: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A generative competitor's figures: per phase (cold, warm) the median over every call
+    of every round of its prefill ms, decode ms per step and tokens/s (each round's under
+    ``rounds``), and the bytes it read per step and per new token."""
+    first = results[0]["cold"]["per_call"]
+    if not first or "decode_tokens_per_s" not in first[0]:
+        return None
+    batch, new_tokens = int(first[0]["batch"]), int(first[0]["new_tokens"])
+    out: dict[str, Any] = {"batch": batch, "new_tokens": new_tokens}
+
+    def values(rs: Sequence[Mapping[str, Any]], phase: str, key: str) -> list[float]:
+        return [c[key] for r in rs for c in r[phase]["per_call"] if c.get(key) is not None]
+
+    for phase in ("cold", "warm"):
+        for key in GENERATE_KEYS:
+            out[f"{key}_{phase}"] = _median(values(results, phase, key))
+            for x, r in zip(rounds, results, strict=True):
+                x[f"{key}_{phase}"] = _median(values([r], phase, key))
+        for key in ("io_read_bytes", "disk_bytes_read"):
+            per_call = _median(values(results, phase, key))
+            if per_call is not None:
+                out[f"{key}_per_step_{phase}"] = per_call / new_tokens
+                out[f"{key}_per_new_token_{phase}"] = per_call / (batch * new_tokens)
+    out["definitions"] = (
+        "prefill_ms: from the start of generate() to the first new token's logits; "
+        "decode_tokens_per_s: batch x (new_tokens - 1) over the time from the first new "
+        "token's logits to the last; decode_ms_per_step that time over new_tokens - 1; "
+        "*_per_step: the bytes a call read over its new_tokens forwards, *_per_new_token over "
+        "batch x new_tokens; io_read_bytes from /proc/self/io (read_bytes: what the process "
+        "fetched from storage), disk_bytes_read from TensorTorrent's disk reader"
+    )
+    return out
+
+
+def summarize_generate_regime(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    param_nbytes: int,
+    budget: int,
+    disk_bw: float | None,
+    cuda: bool,
+    main: str = "tensortorrent",
+) -> dict[str, Any]:
+    """Per competitor figures of one regime of ``generate()`` calls over its rounds, the
+    lower bound of a decode step and the ratios of decode tokens/s (headline: the median
+    over rounds of each round's ratio; ``_pooled``, ``_by_round`` as ``summarize_regime``).
+    ``figure``: the headline ratios of ``main``."""
+    rows = {name: summarize_competitor(competitor_runs) for name, competitor_runs in runs.items()}
+
+    # Every competitor that ran has figures, its outputs' check apart (``quality``): greedy
+    # tokens that part from eager's late in a float32 run do not make its speed unknown.
+    def generation(name: str) -> dict[str, Any]:
+        figures: dict[str, Any] = rows.get(name, {}).get("generate", {})
+        return figures
+
+    def per_round(name: str, key: str) -> dict[int, float | None]:
+        return {x["round"]: x.get(key) for x in rows.get(name, {}).get("rounds", [])}
+
+    eager = generation("eager")
+    batch = next((g["batch"] for g in map(generation, rows) if g), None)
+    # eager holds every weight: its cold and warm steps both time the compute alone
+    compute = _min(eager.get("decode_ms_per_step_cold"), eager.get("decode_ms_per_step_warm"))
+    eager_cold = per_round("eager", "decode_ms_per_step_cold")
+    compute_rounds = {
+        r: _min(warm, eager_cold.get(r))
+        for r, warm in per_round("eager", "decode_ms_per_step_warm").items()
+    }
+    streamed = max(0, param_nbytes - budget)
+    has_bound = not cuda and bool(disk_bw) and batch is not None
+
+    def bound_ms(compute_ms: float | None) -> float | None:
+        if not has_bound or compute_ms is None or not disk_bw:
+            return None
+        return max(compute_ms, 1e3 * streamed / disk_bw)
+
+    step_bound = bound_ms(compute)
+    bound_rounds = {r: bound_ms(c) for r, c in compute_rounds.items()}
+    bound: dict[str, Any] = {
+        "compute_ms_per_step": compute,
+        "compute_ms_per_step_by_round": [compute_rounds[r] for r in sorted(compute_rounds)],
+        "compute_source": "eager, no budget and no memory limit: the lower of its cold and "
+        "warm median decode ms per step; per round, that round's",
+        "streamed_bytes_per_step": streamed,
+        "disk_read_bytes_per_s": disk_bw,
+        "step_ms": step_bound,
+        "step_ms_by_round": [bound_rounds[r] for r in sorted(bound_rounds)],
+        "decode_tokens_per_s": _ratio(1e3 * batch, step_bound) if batch else None,
+        "definition": "a decode step's lower bound: max(eager's decode ms per step, streamed "
+        "bytes per step / the disk read bandwidth), where the streamed bytes per step are the "
+        "parameter bytes the budget leaves out (parameter bytes - budget: each step is a "
+        "forward that needs every weight once, and at best the budget's worth stay in RAM) "
+        "and the bandwidth is the highest measured in this run (disk.source); the bound's "
+        "decode tokens/s is batch over it. decode_tokens_per_s_over_bound: a competitor's "
+        "decode tokens/s over the bound's (at most 1 but for noise; the median over rounds of "
+        "each round's, with the round's eager compute); decode_step_over_bound its inverse",
+    }
+    if cuda:
+        bound["note"] = "not computed in CUDA mode (needs the host-to-device bandwidth)"
+    ratios: dict[str, Any] = {}
+    violations: dict[str, Any] = {}
+    for name in rows:
+        mine = generation(name)
+        if not mine:
+            continue
+        ratios[name] = {}
+        for phase in ("cold", "warm"):
+            key = f"decode_tokens_per_s_{phase}"
+            rates = per_round(name, key)
+            if name.startswith("tensortorrent"):
+                theirs = generation("accelerate").get(key)
+                ratio = _ratio(mine[key], theirs)
+                against = per_round("accelerate", key)
+                _put_ratio(ratios[name], f"{key}_over_accelerate", rates, against, ratio)
+            if name != "eager" and eager:
+                ratio = _ratio(mine[key], eager.get(key))
+                against = per_round("eager", key)
+                _put_ratio(ratios[name], f"{key}_over_eager", rates, against, ratio)
+        if step_bound is not None and batch and name != "eager":
+            rates = per_round(name, "decode_tokens_per_s_cold")
+            limits = {r: _ratio(1e3 * batch, b) for r, b in bound_rounds.items()}
+            pooled = _ratio(mine["decode_tokens_per_s_cold"], bound["decode_tokens_per_s"])
+            _put_ratio(ratios[name], "decode_tokens_per_s_over_bound_cold", rates, limits, pooled)
+            over = ratios[name]["decode_tokens_per_s_over_bound_cold"]
+            ratios[name]["decode_step_over_bound_cold"] = _ratio(1.0, over)
+            if over is not None and over > 1 + BOUND_NOISE:
+                violations[name] = {
+                    "decode_tokens_per_s_over_bound_cold": over,
+                    "decode_ms_per_step_cold": mine.get("decode_ms_per_step_cold"),
+                    "bound_step_ms": step_bound,
+                }
+    if step_bound is not None:
+        bound["violations"] = violations
+        bound["check"] = (
+            f"the disk rate is underestimated: {', '.join(violations)} beat the bound by more "
+            f"than {BOUND_NOISE:.0%} (see violations)"
+            if violations
+            else f"no competitor beat the bound by more than {BOUND_NOISE:.0%}"
+        )
+    figure_keys = (
+        "decode_tokens_per_s_cold_over_accelerate",
+        "decode_tokens_per_s_warm_over_accelerate",
+        "decode_tokens_per_s_over_bound_cold",
+        "decode_step_over_bound_cold",
+    )
+    return {
+        "competitors": rows,
+        "lower_bound": bound,
+        "ratios": ratios,
+        "figure": {k: v for k, v in ratios.get(main, {}).items() if k in figure_keys},
+    }
 
 
 def _put_ratio(

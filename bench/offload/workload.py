@@ -1,11 +1,13 @@
-"""What a bench supplies: the ``Workload`` protocol, ``load_workload``, and the checks of a
-competitor's output against eager's (``fp32_quality``, ``logits_quality``, ``worst_quality``)."""
+"""What a bench supplies: the ``Workload`` protocol (and ``GenerateWorkload``, a workload
+whose call is a ``generate()``), ``load_workload``, and the checks of a competitor's output
+against eager's (``fp32_quality``, ``logits_quality``, ``generation_quality``,
+``worst_quality``)."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -30,8 +32,18 @@ class Workload(Protocol):
     def inputs(self, regime: str) -> tuple[torch.Tensor, ...]:
         """The regime's inputs, from a fixed seed."""
 
-    def quality(self, got: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
-        """How ``got`` compares with eager's output: at least ``ok`` and ``max_abs_diff``."""
+    def quality(self, got: Any, expected: Any) -> dict[str, Any]:
+        """How ``got`` compares with eager's output (a tensor, or a generation's tokens and
+        logits): at least ``ok`` and ``max_abs_diff``."""
+
+
+@runtime_checkable
+class GenerateWorkload(Workload, Protocol):
+    """A workload whose call is greedy ``model.generate(input_ids)`` of exactly
+    ``new_tokens`` tokens (``bench.offload.generation``), not one forward. Its outputs are
+    ``{"tokens": the new tokens, "first_logits": the first step's logits}``."""
+
+    new_tokens: int
 
 
 def load_workload(ref: str, params: Mapping[str, Any]) -> Workload:
@@ -85,6 +97,32 @@ def logits_quality(
     }
 
 
+def generation_quality(
+    got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], exact: bool
+) -> dict[str, Any]:
+    """A ``generate()`` output against eager's: whether the greedy tokens are equal, the first
+    step (new token) where any sequence differs, and the first step's logits. ``exact``
+    (float32): ok when the tokens are equal; else (bf16) ok when the first step's logits
+    pass ``logits_quality`` (cosine and argmax agreement)."""
+    tokens, reference = got["tokens"].detach().cpu(), expected["tokens"]
+    if tokens.shape != reference.shape:
+        return {"ok": False, "max_abs_diff": None, "mismatch": f"tokens {tuple(tokens.shape)}"}
+    differs = (tokens != reference).any(0).nonzero()
+    first = int(differs[0]) if len(differs) else None
+    logits = logits_quality(got["first_logits"], expected["first_logits"])
+    out = {
+        "ok": first is None if exact else logits["ok"],
+        "check": "greedy tokens equal eager's" if exact else "the first step's logits",
+        "tokens_equal": first is None,
+        "first_difference": first,
+        "max_abs_diff": logits["max_abs_diff"],
+    }
+    for key in ("cosine", "argmax_agreement"):
+        if key in logits:
+            out[key] = logits[key]
+    return out
+
+
 def worst_quality(checks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The worst of several calls' checks (each call's output is checked); a check that is
     already the worst of several (``calls_checked``) counts as that many calls."""
@@ -97,6 +135,10 @@ def worst_quality(checks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key in ("cosine", "argmax_agreement"):
         if all(key in c for c in checks):
             worst[key] = min(c[key] for c in checks)
+    if all("tokens_equal" in c for c in checks):
+        worst["tokens_equal"] = all(c["tokens_equal"] for c in checks)
+        firsts = [c["first_difference"] for c in checks if c["first_difference"] is not None]
+        worst["first_difference"] = min(firsts) if firsts else None
     worst["ok"] = not failed
     # a check that is itself a worst of several calls counts its calls
     worst["calls_checked"] = sum(c.get("calls_checked", 1) for c in checks)
