@@ -153,7 +153,7 @@ class Session:
         of them runs per call: when one runs, the copies only the others keep are dropped
         (:meth:`enter`), and each is planned as if they were not there."""
         return frozenset().union(
-            *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
+            *(g.plan.resident_set() for g in self.graphs if frame is None or g.frame != frame)
         )
 
     def enter(self, graph: CompiledGraph) -> None:
@@ -166,7 +166,7 @@ class Session:
 
     def make_room(self, plan: GraphPlan, frame: int | None) -> None:
         """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""
-        keep = resident_set(plan) | self.kept_beside(frame)
+        keep = plan.resident_set() | self.kept_beside(frame)
         dropped = self.resident.evict(lambda fqn, device: (fqn, device) in keep)
         if dropped:
             log.info(
@@ -245,15 +245,6 @@ class Session:
             pool = self.disk.pool
             pool.max_idle_bytes = max(pool.max_idle_bytes or 0, largest)
         return self.disk
-
-
-def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:
-    """(fqn, device) of each resident copy the plan keeps."""
-    return frozenset(
-        (p.fqn, r.device)
-        for p, r in zip(plan.cost.params, plan.residency, strict=True)
-        if r.keeps_copy
-    )
 
 
 def make_resident(plan: GraphPlan, runtime: Runtime, example_inputs: Sequence[Any]) -> None:

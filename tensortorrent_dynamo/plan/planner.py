@@ -103,6 +103,14 @@ class GraphPlan:
             for p, r in zip(self.cost.params, self.residency, strict=True)
         }
 
+    def resident_set(self) -> frozenset[tuple[str, str]]:
+        """(fqn, device) of each resident copy the plan keeps."""
+        return frozenset(
+            (p.fqn, r.device)
+            for p, r in zip(self.cost.params, self.residency, strict=True)
+            if r.keeps_copy
+        )
+
     def predicted_peak(self, device: str) -> int:
         for i, dev in enumerate(self.devices):
             if dev.name == device:
@@ -141,28 +149,12 @@ def planned_devices(
     return tuple(devices), host_compute
 
 
-def plan_graph(
-    graph_index: int,
-    cost: CostGraph,
-    profile: HostProfile,
-    settings: Settings,
-    already_resident: Mapping[str, int],
-    on_disk: frozenset[str] = frozenset(),
-    split: Split | None = None,
-    decisions: Decisions | None = None,
-) -> GraphPlan:
-    """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
-
-    Parameters named in ``on_disk`` (by fqn, or a row chunk's parent fqn) live on disk
-    already. The native planner decides every other parameter's tier: host RAM, or disk
-    when the host budget cannot hold the weights in RAM (then it plans ``split`` instead,
-    when given). With ``decisions`` (a saved plan's), those are replayed instead of
-    searching; otherwise the plan cache's are, when it has this graph's.
-    """
-    devices, host_compute = planned_devices(profile, settings, already_resident)
+def to_native(
+    devices: Sequence[PlannedDevice], profile: HostProfile, has_params: bool
+) -> list[_planner.Device]:
+    """The devices as the native planner takes them (host first)."""
     planner = native_planner()
-    has_params = bool(cost.params)
-    native_devices = [
+    return [
         planner.Device(
             name=d.name,
             is_host=d.profile.is_host,
@@ -183,6 +175,29 @@ def plan_graph(
         )
         for d in devices
     ]
+
+
+def plan_graph(
+    graph_index: int,
+    cost: CostGraph,
+    profile: HostProfile,
+    settings: Settings,
+    already_resident: Mapping[str, int],
+    on_disk: frozenset[str] = frozenset(),
+    split: Split | None = None,
+    decisions: Decisions | None = None,
+) -> GraphPlan:
+    """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
+
+    Parameters named in ``on_disk`` (by fqn, or a row chunk's parent fqn) live on disk
+    already. The native planner decides every other parameter's tier: host RAM, or disk
+    when the host budget cannot hold the weights in RAM (then it plans ``split`` instead,
+    when given). With ``decisions`` (a saved plan's), those are replayed instead of
+    searching; otherwise the plan cache's are, when it has this graph's.
+    """
+    devices, host_compute = planned_devices(profile, settings, already_resident)
+    planner = native_planner()
+    native_devices = to_native(devices, profile, bool(cost.params))
     log.debug(
         "planning graph %d: %d nodes, %d params, devices %s, host compute %s",
         graph_index,

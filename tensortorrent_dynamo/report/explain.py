@@ -218,6 +218,48 @@ def _copy_cost(graph: CompiledGraph, copied_in: dict[str, int], copied_out: dict
     return f"{', '.join(parts)} each call (planned {format_seconds(seconds)} of copying)"
 
 
+def _explain_throughput(graph: CompiledGraph) -> list[str]:
+    """``objective="throughput"``: the decode step simulated at larger batches, and the
+    batch from which compute, not the disk or a link, is the bottleneck."""
+    from ..plan.throughput import batch_sweep, compute_bound_from
+
+    points = batch_sweep(graph.plan, graph.profile, graph.settings)
+    if not points:
+        return []
+    cells = []
+    fit = [p for p in points if p.step_s is not None and p.tokens_per_s is not None]
+    for point in fit:
+        rate = point.tokens_per_s or 0.0
+        cells.append(
+            f"batch {point.batch}: {rate:.1f} tok/s "
+            f"({format_seconds(point.step_s or 0.0)} a step, {point.busiest} {point.busy:.0%})"
+        )
+    too_large = [p.batch for p in points if p not in fit]
+    if too_large:
+        cells.append(f"batch {min(too_large)} and larger: does not fit the budgets")
+    lines = [
+        "  throughput (this plan's decode step simulated at larger batches, its placement "
+        "kept, activations and KV cache scaled with the batch):",
+        *(f"    {cell}" for cell in cells),
+    ]
+    devices = [d.name for d in graph.plan.devices]
+    first = compute_bound_from(fit, devices)
+    if not fit:
+        pass
+    elif first is None:
+        lines.append(
+            f"    the disk or a link is the bottleneck at every batch that fits (up to "
+            f"{fit[-1].batch})"
+        )
+    elif first == points[0].batch:
+        lines.append("    compute is the bottleneck already at this batch")
+    else:
+        lines.append(
+            f"    the disk or a link is the bottleneck below batch {first}, compute from it"
+        )
+    return lines
+
+
 def explain_graph(graph: CompiledGraph) -> str:
     """The plan of one graph as text."""
     plan = graph.plan
@@ -307,6 +349,8 @@ def explain_graph(graph: CompiledGraph) -> str:
     else:
         lines.append("  streamed parameters: none")
     lines += _explain_state(graph)
+    if graph.settings.objective == "throughput":
+        lines += _explain_throughput(graph)
     lines += _explain_spills(graph)
     lines += _explain_disk(graph)
     fallbacks = cost.fallbacks
@@ -325,6 +369,45 @@ def explain_graph(graph: CompiledGraph) -> str:
     return "\n".join(lines)
 
 
+def _frames(graphs: Sequence[CompiledGraph]) -> list[list[CompiledGraph]]:
+    """The graphs grouped by the Dynamo frame they were captured from, in order (a graph
+    outside Dynamo alone)."""
+    groups: dict[object, list[CompiledGraph]] = {}
+    for i, g in enumerate(graphs):
+        groups.setdefault(g.frame if g.frame is not None else ("alone", i), []).append(g)
+    return list(groups.values())
+
+
+def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
+    """What was assumed of how often each graph runs: the graphs of one frame are
+    alternatives (a prefill and a decode graph of ``generate()``), one per call."""
+    lines = []
+    for members in _frames(graphs):
+        if len(members) < 2:
+            continue
+        ids = ", ".join(str(g.plan.graph_index) for g in members)
+        calls = ", ".join(str(g.calls) for g in members)
+        sets = [g.plan.resident_set() for g in members]
+        sizes = {
+            (p.fqn, r.device): p.nbytes
+            for g in members
+            for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True)
+        }
+        differ = frozenset().union(*sets) - frozenset.intersection(*sets)
+        weighted = sum(g.calls * g.plan.predicted_time_s for g in members)
+        lines += [
+            f"Workload: graphs {ids} are alternatives of one frame, one of them per call "
+            f"(recompiles for other shapes or guards, such as generate()'s prefill and "
+            f"decode graphs); calls so far: {calls}",
+            "  each is planned on its own, for its own calls, with the whole budget and a "
+            "resident set of its own: the plan of the graph called most is the one that "
+            "runs most; switching from one to another drops and makes again "
+            f"{format_bytes(sum(sizes[k] for k in differ))} of resident copies",
+            f"  predicted time of the calls so far: {format_seconds(weighted)}",
+        ]
+    return lines
+
+
 def explain(graphs: Sequence[CompiledGraph]) -> str:
     """The whole report: a devices table, then one section per graph."""
     if not graphs:
@@ -336,6 +419,12 @@ def explain(graphs: Sequence[CompiledGraph]) -> str:
     )
     sections = [head, "\n".join(explain_devices(graphs))]
     sections += [explain_graph(g) for g in graphs]
-    total = sum(g.plan.predicted_time_s for g in graphs)
+    workload = explain_workload(graphs)
+    if workload:
+        sections.append("\n".join(workload))
+    # one graph of each frame runs per forward: the one called most
+    total = sum(
+        max(members, key=lambda g: g.calls).plan.predicted_time_s for members in _frames(graphs)
+    )
     sections.append(f"Predicted time per forward: {format_seconds(total)}")
     return "\n\n".join(sections)
