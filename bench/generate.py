@@ -27,7 +27,7 @@ Competitors, each regime in a fresh process of its own, in interleaved rounds (t
   (``tt.bind_checkpoint``: the ``checkpoint`` option binds a meta model in ``tt.compile``,
   not through ``torch.compile``), ``model.forward = torch.compile(model.forward,
   backend="tensortorrent", options={"budgets": {"cpu": budget}, "offload_dir": ...,
-  "compiler": "eager", "checkpoint": ...})`` and ``model.generate(...,
+  "compiler": "eager", "checkpoint": ..., "objective": "throughput"})`` and ``model.generate(...,
   cache_implementation="static", disable_compile=True)``: the static cache makes one prefill
   and one decode graph. Its first call (which compiles both) is its compile seconds;
   ``explain`` of its graphs is in the JSON.
