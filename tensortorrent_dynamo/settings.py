@@ -90,7 +90,8 @@ class Settings:
         help="one of "
         + ", ".join(repr(x) for x in get_args(Objective))
         + ": the fastest forward, or the least accelerator memory within the memory slack "
-        "of the fastest ('throughput' chooses as 'latency' does)",
+        "of the fastest; 'throughput' chooses as 'latency' does (the fastest step at the "
+        "batch called with) and explain() shows a decode graph's tokens/s at larger batches",
     )
     compiler: Compiler = _option(
         "inductor",
