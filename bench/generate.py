@@ -192,6 +192,14 @@ class Qwen3Generate(Qwen3Workload):
         self.batches = {f"batch{b}": int(b) for b in params["batches"]}
         self.regimes = list(self.batches)
 
+    def kv_cache_bytes(self, regime: str) -> int:
+        """Keys and values of every layer for the prompt and every new token."""
+        p = self.params
+        positions = p["prompt"] + self.new_tokens
+        size = torch.empty((), dtype=self.dtype).element_size()
+        per_layer = 2 * self.batches[regime] * p["kv_heads"] * p["head_dim"] * positions
+        return int(p["layers"] * per_layer * size)
+
     def _config(self) -> Any:
         from transformers import Qwen3Config
 

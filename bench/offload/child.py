@@ -206,6 +206,12 @@ def setup_main(spec_path: Path, out_path: Path) -> int:
                 "input_shapes": {
                     r: [list(t.shape) for t in v["inputs"]] for r, v in reference.items()
                 },
+                # what a memory limit adds per regime to the budget and the allowance
+                "kv_cache_bytes": {
+                    r: workload.kv_cache_bytes(r)
+                    for r in reference
+                    if isinstance(workload, GenerateWorkload)
+                },
             }
         )
     )

@@ -50,6 +50,8 @@ class Context:
         """What Accelerate loads: the checkpoint, or the index of its sharded copy."""
         self.offload_dir = Path(spec["offload_dir"])
         self.budget = int(spec["budget_bytes"])
+        # a generation regime's KV cache at its longest: room the limit has on top
+        self.kv_cache_bytes = int(spec.get("kv_cache_bytes", 0))
         self.device = str(spec["device"])
         self.cuda = self.device.startswith("cuda")
         self.new_tokens = workload.new_tokens if isinstance(workload, GenerateWorkload) else None
@@ -223,6 +225,11 @@ class TensorTorrent(Competitor):
 
         # chooses as "latency" does; explain() then shows the decode step at larger batches
         options = {**self.options(), "objective": "throughput"}
+        # Its plan counts the KV cache in its budget, where Accelerate's max_memory is for
+        # weights alone: the budget plus the cache leaves it the same room for weights.
+        cpu = self.ctx.device if self.ctx.cuda else "cpu"
+        options["budgets"] = {cpu: self.ctx.budget + self.ctx.kv_cache_bytes}
+        self.info["budgets"] = dict(options["budgets"])
         if "checkpoint" in options:
             tt.bind_checkpoint(model, options["checkpoint"])
         forward: Any = torch.compile(model.forward, backend="tensortorrent", options=options)

@@ -242,6 +242,14 @@ def run_bench(
         f", {rounds} round(s) of {repeats} cold + {repeats} warm calls per process"
     )
     mem_limit, limit_bytes = _mem_limit(args.mem_limit, budget, cuda, unlimited)
+    if limit_bytes is not None and mem_limit is not None and setup.get("kv_cache_bytes"):
+        mem_limit["plus_kv_cache_bytes"] = dict(setup["kv_cache_bytes"])
+        mem_limit["per_regime"] = (
+            "a generation regime's limit is the budget plus the allowance plus its KV cache's "
+            "bytes at the longest (prompt plus new tokens), the same for every competitor: "
+            "the machine has room for the process, the weights' budget and the cache"
+        )
+        print(f"{name}: plus each regime's KV cache: {mem_limit['plus_kv_cache_bytes']} B")
     if limit_bytes is not None:
         print(
             f"{name}: each competitor runs in a memory cgroup limited to {limit_bytes} B"
@@ -274,6 +282,8 @@ def run_bench(
             label = f"{competitor}-{regime}-r{number}"
             offload = work / "offload" / label
             offload.mkdir(parents=True)
+            # a generation regime's limit has room for its KV cache too, the same for all
+            cache = int(setup.get("kv_cache_bytes", {}).get(regime, 0))
             spec = {
                 **base,
                 "competitor": competitor,
@@ -287,9 +297,10 @@ def run_bench(
                 "repeats": repeats,
                 "warmup": args.warmup,
                 "drop_caches": drop_note is None,
+                "kv_cache_bytes": cache,
             }
             start_s = time.perf_counter() - started
-            limit = None if competitor in unlimited else limit_bytes
+            limit = None if competitor in unlimited or limit_bytes is None else limit_bytes + cache
             result, error, process_s[label] = _subprocess(
                 "run", spec, work, label, args.timeout, limit
             )

@@ -45,6 +45,11 @@ class GenerateWorkload(Workload, Protocol):
 
     new_tokens: int
 
+    def kv_cache_bytes(self, regime: str) -> int:
+        """The bytes of the KV cache a call of ``regime`` holds at its longest: what a
+        memory limit gives the process on top of the weights' budget."""
+        ...
+
 
 def load_workload(ref: str, params: Mapping[str, Any]) -> Workload:
     """``"bench.ram_offload:make_workload"`` called with ``params``."""

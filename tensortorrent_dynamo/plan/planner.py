@@ -149,7 +149,7 @@ def planned_devices(
     return tuple(devices), host_compute
 
 
-def to_native(
+def native_device_list(
     devices: Sequence[PlannedDevice], profile: HostProfile, has_params: bool
 ) -> list[_planner.Device]:
     """The devices as the native planner takes them (host first)."""
@@ -197,7 +197,7 @@ def plan_graph(
     """
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
-    native_devices = to_native(devices, profile, bool(cost.params))
+    native_devices = native_device_list(devices, profile, bool(cost.params))
     log.debug(
         "planning graph %d: %d nodes, %d params, devices %s, host compute %s",
         graph_index,

@@ -21,7 +21,7 @@ from ..cost_graph import CostGraph
 from ..errors import PlanInfeasible
 from ..profile import HostProfile
 from ..settings import Settings
-from .planner import GraphPlan, planned_devices, state_movable, to_native
+from .planner import GraphPlan, native_device_list, planned_devices, state_movable
 
 # the batch multiples the sweep simulates
 FACTORS = (1, 2, 4, 8, 16, 32, 64)
@@ -85,7 +85,7 @@ def batch_sweep(
         return []
     planner = native_planner()
     _, host_compute = planned_devices(profile, settings, {})
-    devices = to_native(plan.devices, profile, bool(plan.cost.params))
+    devices = native_device_list(plan.devices, profile, bool(plan.cost.params))
     native = plan.native
     points = []
     for factor in factors:
