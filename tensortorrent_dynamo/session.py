@@ -21,7 +21,7 @@ import torch.fx
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph
 from .io.locations import TensorLocation
-from .io.pool import HostBufferPool, read_buffer_bytes
+from .io.pool import HostBufferPool, bound_heap_retention, read_buffer_bytes
 from .io.reader import DiskReader
 from .passes.chunk_weights import ChunkedGraph
 from .plan.files import SavedPlan
@@ -224,6 +224,7 @@ class Session:
         if not locations and self.disk is None:
             return None
         if self.disk is None:
+            bound_heap_retention()
             pin = torch.cuda.is_available() and any(
                 d.startswith("cuda") for d in self.settings.devices or ["cuda"]
             )
