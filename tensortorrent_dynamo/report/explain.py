@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
 
@@ -221,8 +222,6 @@ def _copy_cost(graph: CompiledGraph, copied_in: dict[str, int], copied_out: dict
 def _explain_throughput(graph: CompiledGraph) -> list[str]:
     """``objective="throughput"``: the decode step simulated at larger batches, and the
     batch from which compute, not the disk or a link, is the bottleneck."""
-    from ..plan.throughput import batch_sweep, compute_bound_from
-
     points = batch_sweep(graph.plan, graph.profile, graph.settings)
     if not points:
         return []
@@ -242,11 +241,10 @@ def _explain_throughput(graph: CompiledGraph) -> list[str]:
         "kept, activations and KV cache scaled with the batch):",
         *(f"    {cell}" for cell in cells),
     ]
-    devices = [d.name for d in graph.plan.devices]
-    first = compute_bound_from(fit, devices)
+    first = compute_bound_from(fit, [d.name for d in graph.plan.devices])
     if not fit:
-        pass
-    elif first is None:
+        return lines
+    if first is None:
         lines.append(
             f"    the disk or a link is the bottleneck at every batch that fits (up to "
             f"{fit[-1].batch})"
