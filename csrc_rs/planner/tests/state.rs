@@ -77,15 +77,27 @@ fn a_movable_state_updated_in_place_lives_where_its_update_runs() {
 
 #[test]
 fn state_pairs_are_validated() {
-    let mut b = Builder::default();
-    let x = b.input(KIB);
-    let y = b.node(1.0, KIB, false, &[x]);
-    b.output(y);
-    let g = b.build();
-    let not_an_input = g.clone().with_state(&[(y, y, false)]).unwrap_err();
-    assert!(matches!(not_an_input, PlanError::InvalidGraph(m) if m.contains("not a graph input")));
-    let not_an_output = g.clone().with_state(&[(x, x, false)]).unwrap_err();
+    let mut builder = Builder::default();
+    let input = builder.input(KIB);
+    let output = builder.node(1.0, KIB, false, &[input]);
+    builder.output(output);
+    let graph = builder.build();
+    let not_an_input = graph
+        .clone()
+        .with_state(&[(output, output, false)])
+        .unwrap_err();
+    assert!(
+        matches!(not_an_input, PlanError::InvalidGraph(message) if message.contains("not a graph input"))
+    );
+    let not_an_output = graph
+        .clone()
+        .with_state(&[(input, input, false)])
+        .unwrap_err();
     assert!(matches!(not_an_output, PlanError::InvalidGraph(_)));
-    let twice = g.with_state(&[(x, y, false), (x, y, true)]).unwrap_err();
-    assert!(matches!(twice, PlanError::InvalidGraph(m) if m.contains("two state inputs")));
+    let twice = graph
+        .with_state(&[(input, output, false), (input, output, true)])
+        .unwrap_err();
+    assert!(
+        matches!(twice, PlanError::InvalidGraph(message) if message.contains("two state inputs"))
+    );
 }
