@@ -26,7 +26,7 @@ from .io.reader import DiskReader
 from .passes.chunk_weights import ChunkedGraph
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan
-from .plan.planner import GraphPlan
+from .plan.planner import GraphPlan, resident_set
 from .profile import HostProfile
 from .run.record import RssSampler
 from .run.residents import DiskTier, ResidentCopies
@@ -153,7 +153,7 @@ class Session:
         of them runs per call: when one runs, the copies only the others keep are dropped
         (:meth:`enter`), and each is planned as if they were not there."""
         return frozenset().union(
-            *(g.plan.resident_set() for g in self.graphs if frame is None or g.frame != frame)
+            *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
         )
 
     def enter(self, graph: CompiledGraph) -> None:
@@ -166,7 +166,7 @@ class Session:
 
     def make_room(self, plan: GraphPlan, frame: int | None) -> None:
         """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""
-        keep = plan.resident_set() | self.kept_beside(frame)
+        keep = resident_set(plan) | self.kept_beside(frame)
         dropped = self.resident.evict(lambda fqn, device: (fqn, device) in keep)
         if dropped:
             log.info(

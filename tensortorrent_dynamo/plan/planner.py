@@ -103,19 +103,20 @@ class GraphPlan:
             for p, r in zip(self.cost.params, self.residency, strict=True)
         }
 
-    def resident_set(self) -> frozenset[tuple[str, str]]:
-        """(fqn, device) of each resident copy the plan keeps."""
-        return frozenset(
-            (p.fqn, r.device)
-            for p, r in zip(self.cost.params, self.residency, strict=True)
-            if r.keeps_copy
-        )
-
     def predicted_peak(self, device: str) -> int:
         for i, dev in enumerate(self.devices):
             if dev.name == device:
                 return self.native.peak_bytes[i]
         raise KeyError(device)
+
+
+def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:
+    """(fqn, device) of each resident copy the plan keeps."""
+    return frozenset(
+        (p.fqn, r.device)
+        for p, r in zip(plan.cost.params, plan.residency, strict=True)
+        if r.keeps_copy
+    )
 
 
 def _default_budget(dev: DeviceProfile) -> int:

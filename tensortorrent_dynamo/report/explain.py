@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..plan.planner import resident_set
 from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
@@ -385,7 +386,7 @@ def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
             continue
         ids = ", ".join(str(g.plan.graph_index) for g in members)
         calls = ", ".join(str(g.calls) for g in members)
-        sets = [g.plan.resident_set() for g in members]
+        sets = [resident_set(g.plan) for g in members]
         sizes = {
             (p.fqn, r.device): p.nbytes
             for g in members

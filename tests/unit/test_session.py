@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tensortorrent_dynamo.plan.planner import resident_set
 from tensortorrent_dynamo.plan.residency import Residency, Tier
 from tensortorrent_dynamo.session import Session
 from tensortorrent_dynamo.settings import parse_options
@@ -32,7 +33,7 @@ READ_ONCE = Residency("cpu", streams=False, tier=Tier.DISK)
 
 def test_a_plan_keeps_copies_on_accelerators_and_of_disk_weights_in_ram() -> None:
     graph = _graph(0, {"a": ON_ACCELERATOR, "b": STREAMED, "c": ON_HOST, "d": READ_ONCE})
-    assert graph.plan.resident_set() == {("a", "virtual:0"), ("d", "cpu")}
+    assert resident_set(graph.plan) == {("a", "virtual:0"), ("d", "cpu")}
 
 
 def test_graphs_of_other_frames_keep_their_copies_beside_a_graph() -> None:
