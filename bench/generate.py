@@ -200,22 +200,12 @@ class Qwen3Generate(Qwen3Workload):
         per_layer = 2 * self.batches[regime] * p["kv_heads"] * p["head_dim"] * positions
         return int(p["layers"] * per_layer * size)
 
-    def _config(self) -> Any:
-        from transformers import Qwen3Config
-
+    def _config(self, positions: int | None = None, use_cache: bool = True) -> Any:
+        """The forward bench's config, long enough for the prompt and every new token, with
+        a KV cache."""
         p = self.params
-        return Qwen3Config(
-            hidden_size=p["hidden"],
-            num_hidden_layers=p["layers"],
-            intermediate_size=p["intermediate"],
-            num_attention_heads=p["heads"],
-            num_key_value_heads=p["kv_heads"],
-            head_dim=p["head_dim"],
-            vocab_size=p["vocab"],
-            max_position_embeddings=max(512, p["prompt"] + p["new_tokens"]),
-            tie_word_embeddings=False,
-            use_cache=True,
-        )
+        longest = p["prompt"] + p["new_tokens"] if positions is None else positions
+        return super()._config(longest, use_cache)
 
     def _new(self) -> torch.nn.Module:
         from transformers import Qwen3ForCausalLM

@@ -76,7 +76,9 @@ class Qwen3Workload:
         self.params = dict(params)
         self.regimes = [f"batch{params['batch']}_seq{params['seq']}"]
 
-    def _config(self) -> Any:
+    def _config(self, positions: int | None = None, use_cache: bool = False) -> Any:
+        """The model's config; ``positions`` (default the sequence length) sets the largest
+        position (at least 512), ``use_cache`` the KV cache."""
         from transformers import Qwen3Config
 
         p = self.params
@@ -88,9 +90,9 @@ class Qwen3Workload:
             num_key_value_heads=p["kv_heads"],
             head_dim=p["head_dim"],
             vocab_size=p["vocab"],
-            max_position_embeddings=max(512, p["seq"]),
+            max_position_embeddings=max(512, p["seq"] if positions is None else positions),
             tie_word_embeddings=False,
-            use_cache=False,
+            use_cache=use_cache,
         )
 
     def _new(self) -> torch.nn.Module:

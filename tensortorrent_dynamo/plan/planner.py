@@ -326,6 +326,33 @@ def _home(fqn: str, on_disk: frozenset[str]) -> str:
     return "disk" if fqn in on_disk or fqn.split("[", 1)[0] in on_disk else "host"
 
 
+def replay_decisions(
+    graph: CostGraph,
+    devices: list[_planner.Device],
+    settings: Settings,
+    host_compute: bool,
+    decisions: Decisions,
+) -> _planner.Plan:
+    """The native plan ``decisions`` make on ``graph`` (the graph they were made for, or
+    one costed otherwise), rebuilt without searching; raises ``InvalidPlacement`` or
+    ``PlanInfeasible`` where they do not apply."""
+    native = native_planner().replay(
+        graph.to_native(list(decisions.param_home), state_movable=state_movable(devices)),
+        devices,
+        name=decisions.chosen,
+        node_device=list(decisions.node_device),
+        param_streamed=list(decisions.param_streamed),
+        value_spilled=list(decisions.value_spilled),
+        prefetch_depth=decisions.prefetch_depth,
+        prefetch_window_bytes=decisions.prefetch_window_bytes,
+        search_prefetch_depth=settings.prefetch_depth,
+        objective=settings.objective,
+        host_compute=host_compute,
+        memory_slack=settings.memory_slack,
+    )
+    return cast("_planner.Plan", native)
+
+
 def _replay(
     planner: types.ModuleType,
     cost: CostGraph,
@@ -342,20 +369,7 @@ def _replay(
         log.warning("recorded decisions are for a split graph this one does not have: searching")
         return None
     try:
-        native = planner.replay(
-            graph.to_native(list(decisions.param_home), state_movable=state_movable(devices)),
-            devices,
-            name=decisions.chosen,
-            node_device=list(decisions.node_device),
-            param_streamed=list(decisions.param_streamed),
-            value_spilled=list(decisions.value_spilled),
-            prefetch_depth=decisions.prefetch_depth,
-            prefetch_window_bytes=decisions.prefetch_window_bytes,
-            search_prefetch_depth=settings.prefetch_depth,
-            objective=settings.objective,
-            host_compute=host_compute,
-            memory_slack=settings.memory_slack,
-        )
+        native = replay_decisions(graph, devices, settings, host_compute, decisions)
     except (InvalidPlacement, PlanInfeasible) as exc:
         log.warning("recorded decisions do not replay (%s): searching", exc)
         return None
@@ -366,4 +380,4 @@ def _replay(
             decisions.plan_hash,
         )
         return None
-    return cast("_planner.Plan", native)
+    return native

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .._native import native_planner
 from ..cost_graph import CostGraph
 from ..errors import PlanInfeasible
 from ..profile import HostProfile
 from ..settings import Settings
-from .planner import GraphPlan, native_device_list, planned_devices, state_movable
+from .decisions import Decisions
+from .planner import GraphPlan, native_device_list, planned_devices, replay_decisions
 
 # the batch multiples the sweep simulates
 FACTORS = (1, 2, 4, 8, 16, 32, 64)
@@ -83,29 +83,14 @@ def batch_sweep(
     batch = batch_of(plan.cost)
     if batch is None:
         return []
-    planner = native_planner()
     _, host_compute = planned_devices(profile, settings, {})
     devices = native_device_list(plan.devices, profile, bool(plan.cost.params))
-    native = plan.native
+    decisions = Decisions.of(plan.native, plan.split)
     points = []
     for factor in factors:
-        graph = scaled(plan.cost, factor).to_native(
-            list(native.param_home), state_movable=state_movable(plan.devices)
-        )
         try:
-            step = planner.replay(
-                graph,
-                devices,
-                objective=plan.objective,
-                host_compute=host_compute,
-                name=native.chosen,
-                node_device=list(native.node_device),
-                param_streamed=list(native.param_streamed),
-                value_spilled=list(native.value_spilled),
-                prefetch_depth=native.prefetch_depth,
-                prefetch_window_bytes=native.prefetch_window_bytes,
-                search_prefetch_depth=settings.prefetch_depth,
-                memory_slack=settings.memory_slack,
+            step = replay_decisions(
+                scaled(plan.cost, factor), devices, settings, host_compute, decisions
             )
         except PlanInfeasible:
             points.append(BatchPoint(batch * factor, None))
