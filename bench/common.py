@@ -27,10 +27,12 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> float
 
 
 def interleaved_median_seconds(
-    fns: dict[str, Callable[[], object]], repeats: int, warmup: int
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int, calls: int = 1
 ) -> dict[str, float]:
-    """Median wall time of each function, the calls interleaved (a, b, c, a, b, c, ...) so
-    that a machine whose speed drifts slows every competitor alike."""
+    """Median wall time of one call of each function over ``repeats`` samples, the samples
+    interleaved (a, b, c, a, b, c, ...) so that a machine whose speed drifts slows every
+    competitor alike; a sample times ``calls`` calls in a row (the time of a call in a loop,
+    its per-call costs included) and counts their mean."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -38,9 +40,19 @@ def interleaved_median_seconds(
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def calls_per_sample(fn: Callable[[], object], sample_s: float = 0.02) -> int:
+    """How many calls of ``fn`` take about ``sample_s`` (at least one), from a few timed."""
+    start = time.perf_counter()
+    for _ in range(3):
+        fn()
+    one = (time.perf_counter() - start) / 3
+    return max(1, round(sample_s / max(one, 1e-9)))
 
 
 def machine() -> dict[str, Any]:

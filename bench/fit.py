@@ -2,6 +2,10 @@
 
 Each model is run three ways in one process on the same inputs; the figure is
 the ratio of median times (TensorTorrent / Inductor, TensorTorrent / eager).
+A sample times as many calls in a row as take about 20 ms (a call in a loop, as a
+user makes it), the three ways' samples interleaved. ``call_overhead`` is a model
+of two 8x8 linears whose call is almost all fixed cost: TensorTorrent's time less
+Inductor's there is what a call through the backend adds (``extra_us_per_call``).
 Compile time is reported apart; outputs are checked against eager.
 
     python -m bench.fit [--repeats N] [--quick]
@@ -19,12 +23,18 @@ import torch
 import tensortorrent as tt
 from tests.models import TransformerBlock, mlp
 
-from .common import interleaved_median_seconds, write_results
+from .common import calls_per_sample, interleaved_median_seconds, write_results
 
 
 def workloads(quick: bool) -> dict[str, tuple[Callable[[], torch.nn.Module], torch.Tensor]]:
     scale = 4 if quick else 1
     return {
+        "call_overhead": (
+            lambda: torch.nn.Sequential(
+                torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)
+            ),
+            torch.randn(2, 8),
+        ),
         "mlp_512x8": (lambda: mlp(512, 8), torch.randn(64 // scale, 512)),
         "transformer_256": (
             lambda: torch.nn.Sequential(*[TransformerBlock(256, 4, seed=i) for i in range(4)]),
@@ -54,12 +64,17 @@ def run_one(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> dict[str, 
             for name, fn in ways.items()
             if name != "eager"
         }
+        calls = calls_per_sample(ways["eager"])
         median_ms = {
             name: 1e3 * t
-            for name, t in interleaved_median_seconds(ways, repeats=repeats, warmup=3).items()
+            for name, t in interleaved_median_seconds(
+                ways, repeats=repeats, warmup=3, calls=calls
+            ).items()
         }
     return {
         "median_ms": median_ms,
+        "calls_per_sample": calls,
+        "extra_us_per_call": 1e3 * (median_ms["tensortorrent"] - median_ms["inductor"]),
         "compile_s": compile_s,
         "max_abs_diff_vs_eager": max_diff,
         "tensortorrent_over_inductor": median_ms["tensortorrent"] / median_ms["inductor"],
@@ -85,14 +100,16 @@ def main() -> None:
             f"inductor {r['median_ms']['inductor']:8.3f} ms  "
             f"tensortorrent {r['median_ms']['tensortorrent']:8.3f} ms  "
             f"tt/inductor {r['tensortorrent_over_inductor']:.3f}  "
-            f"tt/eager {r['tensortorrent_over_eager']:.3f}  ({r['plan']})"
+            f"tt/eager {r['tensortorrent_over_eager']:.3f}  "
+            f"tt-inductor {r['extra_us_per_call']:+.1f} us/call  ({r['plan']})"
         )
     path = write_results(
         "fit",
         {
             "method": (
-                f"median of {repeats} calls after 3 warm-up calls, same inputs, one process, "
-                "the three ways interleaved call by call"
+                f"median over {repeats} samples after 3 warm-up calls, a sample the mean of "
+                "calls_per_sample calls in a row (about 20 ms of eager), same inputs, one "
+                "process, the three ways' samples interleaved"
             ),
             "quick": args.quick,
             "workloads": results,

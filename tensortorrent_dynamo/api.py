@@ -95,8 +95,10 @@ class CompiledModule(torch.nn.Module):
         return [g.plan.plan_hash for g in self.graphs]
 
     def _disk_bytes_total(self) -> int:
-        sessions = self.backend.sessions.values()
-        return sum(s.disk.reader.bytes_read for s in sessions if s.disk is not None)
+        sessions = self.backend.sessions
+        if not sessions:
+            return 0
+        return sum(s.disk.reader.bytes_read for s in sessions.values() if s.disk is not None)
 
     def disk_bytes_read(self) -> int:
         """Bytes of parameters read from disk during the last call (measured by the reader)."""

@@ -156,8 +156,11 @@ def functional(
 
     def run(*args: Any) -> Any:
         nonlocal warned
-        needs_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        if not warned and torch.is_grad_enabled() and needs_grad:
+        if (
+            not warned
+            and torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        ):
             warned = True
             warnings.warn(
                 "TensorTorrent runs inference only: outputs carry no autograd history. "

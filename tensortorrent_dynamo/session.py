@@ -28,6 +28,7 @@ from .plan.files import SavedPlan
 from .plan.files import load as load_plan
 from .plan.planner import GraphPlan, resident_set
 from .profile import HostProfile
+from .run.ops import Segment, direct_segment
 from .run.record import RssSampler
 from .run.residents import DiskTier, ResidentCopies
 from .run.runtime import Runtime
@@ -65,6 +66,12 @@ class CompiledGraph:
     frame: int | None = None
     # run before each call: makes this graph's resident copies the ones held
     enter: Callable[[CompiledGraph], None] | None = None
+    # the module's one segment, when the schedule only calls it (see ``direct_segment``),
+    # and whether its result is wrapped in a tuple
+    direct: tuple[Segment, bool] | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.direct = direct_segment(self.module)
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
         """(segment name, device) in execution order."""
@@ -95,14 +102,23 @@ class CompiledGraph:
                 with RssSampler() as rss, torch.no_grad():
                     out = self.module(*args)
                 self.last_rss_peak = rss.peak
-            else:
+            elif torch.is_grad_enabled():
                 with torch.no_grad():
-                    out = self.module(*args)
+                    out = self._call(args)
+            else:
+                out = self._call(args)
         except BaseException as exc:
             self.runtime.abandon(exc)
             raise
         self.last_call_s = self.runtime.recorder.now()
         return out
+
+    def _call(self, args: Sequence[Any]) -> Any:
+        if self.direct is None:
+            return self.module(*args)
+        segment, wrapped = self.direct
+        out = segment(*args)
+        return (out,) if wrapped else out
 
 
 @dataclasses.dataclass

@@ -83,6 +83,37 @@ for _op in (state, prefetch, evict):
     torch.fx.node.has_side_effect(_op)
 
 
+def direct_segment(parent: torch.fx.GraphModule) -> tuple[Segment, bool] | None:
+    """The one :class:`Segment` of a rewritten graph that only passes its inputs to that
+    segment and returns what it returns, and whether the result is wrapped in a tuple;
+    ``None`` for any other schedule. Such a graph is called as its segment, without the
+    parent module's own call."""
+    placeholders: list[torch.fx.Node] = []
+    calls: list[torch.fx.Node] = []
+    output: torch.fx.Node | None = None
+    for node in parent.graph.nodes:
+        if node.op == "placeholder":
+            placeholders.append(node)
+        elif node.op == "call_module":
+            calls.append(node)
+        elif node.op == "output":
+            output = node
+        elif node.op != "get_attr" or node.users:
+            return None
+    if len(calls) != 1 or output is None:
+        return None
+    (call,) = calls
+    segment = getattr(parent, str(call.target))
+    if not isinstance(segment, Segment) or call.kwargs or list(call.args) != placeholders:
+        return None
+    (result,) = output.args
+    if result is call:
+        return segment, False
+    if isinstance(result, tuple) and len(result) == 1 and result[0] is call:
+        return segment, True
+    return None
+
+
 class Segment(torch.nn.Module):
     """One device's compiled subgraph, run inside that device's accounting."""
 
@@ -106,6 +137,11 @@ class Segment(torch.nn.Module):
         # measured faster)
         self.eager_fn: Callable[..., Any] = fn
         self.use_eager = False
+
+    def __call__(self, *args: Any) -> Any:
+        # nn.Module's call machinery (hooks, tracing state) costs microseconds a call that
+        # a segment, which has no hooks, does not need
+        return self.forward(*args)
 
     def forward(self, *args: Any) -> Any:
         start = self.recorder.now()

@@ -23,25 +23,28 @@ class MeasuredEvent:
 
 
 class Recorder:
-    """Measured spans of the latest call (compute per device, copies per link)."""
+    """Measured spans of the latest call (compute per device, copies per link).
+
+    Recording is on every call's path, so a span is kept as a plain tuple (``list.append``
+    needs no lock) and made a :class:`MeasuredEvent` only when :attr:`events` is read."""
 
     def __init__(self) -> None:
-        self.events: list[MeasuredEvent] = []
+        self._spans: list[tuple[str, str, str, float, float]] = []
         self._origin = time.perf_counter()
-        self._lock = threading.Lock()
+
+    @property
+    def events(self) -> list[MeasuredEvent]:
+        return [MeasuredEvent(*span) for span in list(self._spans)]
 
     def restart(self) -> None:
-        with self._lock:
-            self.events = []
-            self._origin = time.perf_counter()
+        self._spans = []
+        self._origin = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self._origin
 
     def add(self, resource: str, kind: str, label: str, start_s: float) -> None:
-        event = MeasuredEvent(resource, kind, label, start_s, self.now())
-        with self._lock:
-            self.events.append(event)
+        self._spans.append((resource, kind, label, start_s, time.perf_counter() - self._origin))
 
 
 def rss_bytes() -> int:
