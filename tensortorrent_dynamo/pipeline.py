@@ -111,7 +111,7 @@ def plan_and_compile(
         compiler_note=compiler_note,
         settings=settings,
         profile=profile,
-        chunks=chunked if plan.split else None,
+        chunks=chunked.feed() if plan.split and chunked is not None else None,
         lock=session.lock,
         reference=reference if settings.verify else None,
         frame=frame,

@@ -23,7 +23,7 @@ from .cost_graph import CostGraph
 from .io.locations import TensorLocation
 from .io.pool import HostBufferPool, bound_heap_retention, read_buffer_bytes
 from .io.reader import DiskReader
-from .passes.chunk_weights import ChunkedGraph
+from .passes.chunk_weights import ChunkedInputs
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan
 from .plan.planner import GraphPlan, resident_set
@@ -55,8 +55,9 @@ class CompiledGraph:
     # peak RSS of the process during the last call, when the host's memory is planned
     # (a host budget or a disk tier); ``None`` otherwise
     last_rss_peak: int | None = None
-    # the graph with large weights in row chunks that the plan was made for, when it was
-    chunks: ChunkedGraph | None = None
+    # how to feed the graph with large weights in row chunks that the plan was made for,
+    # when it was
+    chunks: ChunkedInputs | None = None
     # held around each call: the graphs of one session share devices, pools and budgets
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # with ``verify``: the captured graph, until the first call has been checked against it

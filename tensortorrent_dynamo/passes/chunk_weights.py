@@ -96,23 +96,39 @@ def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 @dataclasses.dataclass
-class ChunkedGraph:
-    """A graph whose large weights were split into row chunks, and how to feed it.
+class ChunkedInputs:
+    """How to feed a graph whose large weights were split into row chunks: ``inputs[j]``
+    says where its ``j``-th input comes from, the position of the graph's input (what the
+    caller passes) and, for a row chunk, which rows of it. What a compiled graph keeps of
+    a :class:`ChunkedGraph` to be called: not the graph itself (thousands of nodes and
+    their metadata, over 100 MiB for a 5000-node graph)."""
 
-    ``inputs[j]`` says where the ``j``-th input of ``module`` comes from: the position of
-    the graph's input (what the caller passes) and, for a row chunk, which rows of it.
-    """
-
-    module: torch.fx.GraphModule
     inputs: tuple[tuple[int, RowChunk | None], ...]
-    cost: CostGraph | None = None
 
     def expand(self, args: Sequence[Any]) -> list[Any]:
-        """The inputs of ``module`` from the inputs Dynamo passes (whole weights)."""
+        """The inputs of the chunked graph from the inputs Dynamo passes (whole weights)."""
         return [
             args[i] if chunk is None else rows_of(args[i], chunk.start, chunk.stop)
             for i, chunk in self.inputs
         ]
+
+    def parent(self, param: ParamRef) -> str:
+        """The fqn of the whole parameter ``param`` is (rows of)."""
+        chunk = self.inputs[param.arg_index][1]
+        return chunk.parent if chunk is not None else param.fqn
+
+
+@dataclasses.dataclass
+class ChunkedGraph(ChunkedInputs):
+    """A graph whose large weights were split into row chunks (``module``), how to feed it
+    (:class:`ChunkedInputs`) and, once costed, its cost graph."""
+
+    module: torch.fx.GraphModule = dataclasses.field(kw_only=True)
+    cost: CostGraph | None = dataclasses.field(default=None, kw_only=True)
+
+    def feed(self) -> ChunkedInputs:
+        """How to call it, without the graph."""
+        return ChunkedInputs(self.inputs)
 
     def weights(self, cost: CostGraph, args: Sequence[Any]) -> list[Weight]:
         """Where each parameter of ``cost`` (this graph's) comes from among ``args``."""
@@ -144,11 +160,6 @@ class ChunkedGraph:
             (c.start, c.stop) if (c := self.inputs[p.arg_index][1]) is not None else None
             for p in self.cost.params
         )
-
-    def parent(self, param: ParamRef) -> str:
-        """The fqn of the whole parameter ``param`` is (rows of)."""
-        chunk = self.inputs[param.arg_index][1]
-        return chunk.parent if chunk is not None else param.fqn
 
 
 def chunk_weights(
