@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import torch
+import torch.fx
 
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
@@ -233,17 +234,32 @@ def memory_bandwidth(device: str, budget: Budget) -> Figure:
     )
 
 
+# the ops in a row that measure the fixed cost of one (the call of the graph spread over them)
+OP_CHAIN = 64
+
+
 def op_latency(device: str, budget: Budget) -> Figure:
-    """Time per call of a one-element ``torch.add``: the fixed cost of one operation."""
-    what = f"one-element torch.add on {device}"
-    x = torch.ones(1, device=device)
-    y = torch.ones(1, device=device)
-    z = torch.empty(1, device=device)
-    per_call, calls = time_per_call(lambda: torch.add(x, y, out=z), _sync((device,)), budget)
+    """Time per op of a graph of ``OP_CHAIN`` one-element ``aten.add`` in a row: the fixed
+    cost of one operation as an eager segment pays it (the generated code's call, the
+    dispatch, allocating the output; on an accelerator, the launch)."""
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    value = x
+    for _ in range(OP_CHAIN):
+        value = graph.call_function(torch.ops.aten.add.Tensor, (value, y))
+    graph.output(value)
+    chain = torch.fx.GraphModule(torch.nn.Module(), graph)
+    a = torch.ones(1, device=device)
+    b = torch.ones(1, device=device)
+    per_call, calls = time_per_call(lambda: chain(a, b), _sync((device,)), budget)
     return Figure(
-        value=per_call,
+        value=per_call / OP_CHAIN,
         unit="s",
-        method=f"{what}, back to back; {_how(budget, calls)}{_threads(device)}",
+        method=(
+            f"an FX graph of {OP_CHAIN} one-element aten.add on {device} in a row (each "
+            f"allocating its output), time per call / {OP_CHAIN}; "
+            f"{_how(budget, calls)}{_threads(device)}"
+        ),
     )
 
 

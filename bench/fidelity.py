@@ -1,0 +1,256 @@
+"""fidelity: the simulator's predictions against what the calls measured.
+
+For each case, a model is compiled by TensorTorrent and called (one warm-up call, then
+``--repeats`` timed calls, the page cache dropped before each for cases that read from
+disk); after each call its plan is compared with the call (``report.fidelity.compare``):
+the call's time, each resource's busy time (compute per device, copies per link, disk
+reads) and, on virtual devices, the peak memory. The measured figure is the median over
+the timed calls; the error is (predicted - measured) / measured.
+
+Cases, of the kinds the other benches and the corpus plan:
+
+- ``host/*``: everything on the CPU, no budget: the fit bench's three workloads, 200
+  small linears in a row (per-op cost), wide linears at batch 4 (memory-bound matmuls),
+  and a tiny Llama from the corpus;
+- ``disk/*``: a CPU budget of half the weights, the rest read from disk each call (the
+  ram_offload bench's quick MLP, and the tiny Llama);
+- ``virtual/*``: the corpus's quick entries on a virtual device at a third of their
+  weights. A virtual device computes on the host at the host's speed while the plan
+  assumed the virtual device's figures, so only its peak memory is compared there.
+
+Summary (``summary`` in the JSON): mean and worst absolute error of the time, of the busy
+times and of the peaks, over the host and disk cases (the goal: mean within 15%, worst
+within 30%) and of the peaks over the virtual ones.
+
+    python -m bench.fidelity [--repeats 3] [--quick] [--no-drop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tensortorrent as tt
+from tensortorrent_dynamo.report.fidelity import compare, summary
+from tests.models import TransformerBlock, mlp, param_bytes
+
+from .common import write_results
+from .offload.measure import drop_page_cache
+
+Inputs = tuple[Any, ...]
+
+
+def _llama() -> tuple[torch.nn.Module, dict[str, Any]]:
+    from tests.integration.corpus.models import BY_NAME
+
+    entry = BY_NAME["llama"]
+    return entry.build(), entry.inputs(0)
+
+
+def _host_cases(quick: bool) -> dict[str, tuple[Callable[[], torch.nn.Module], Inputs]]:
+    scale = 4 if quick else 1
+    return {
+        "mlp_512x8": (lambda: mlp(512, 8), (torch.randn(64 // scale, 512),)),
+        "transformer_256": (
+            lambda: torch.nn.Sequential(*[TransformerBlock(256, 4, seed=i) for i in range(4)]),
+            (torch.randn(8 // scale, 128, 256),),
+        ),
+        "mlp_2048x8": (lambda: mlp(2048, 8), (torch.randn(64 // scale, 2048),)),
+        "small_linears_200": (lambda: mlp(64, 200), (torch.randn(4, 64),)),
+        "wide_linears_batch4": (lambda: mlp(4096, 4), (torch.randn(4, 4096),)),
+    }
+
+
+def run_case(
+    model: torch.nn.Module,
+    inputs: Inputs | dict[str, Any],
+    options: dict[str, Any],
+    repeats: int,
+    cold: bool,
+) -> dict[str, Any]:
+    """Compile on a first call (untimed), then call ``repeats`` times; each figure's
+    prediction and the median of what the calls measured. ``inputs``: positional, or
+    keyword arguments (a dict)."""
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else (inputs, {})
+    torch._dynamo.reset()  # the cases share forward code: each is compiled afresh
+    compiled = tt.compile(model.eval(), **options)
+    per_call: dict[str, list[float]] = {}
+    predicted: dict[str, tuple[float, str]] = {}
+    dropped = None
+    with torch.no_grad():
+        start = time.perf_counter()
+        compiled(*args, **kwargs)
+        compile_s = time.perf_counter() - start
+        for _ in range(repeats):
+            if cold:
+                dropped = drop_page_cache()
+            compiled(*args, **kwargs)
+            for graph in compiled.graphs:
+                if graph.calls < 2:  # a graph this call did not run
+                    continue
+                prefix = f"graph {graph.plan.graph_index} " if len(compiled.graphs) > 1 else ""
+                for c in compare(graph):
+                    per_call.setdefault(prefix + c.what, []).append(c.measured)
+                    predicted[prefix + c.what] = (c.predicted, c.unit)
+    figures = {}
+    for what, measured in per_call.items():
+        value, unit = predicted[what]
+        median = statistics.median(measured)
+        figures[what] = {
+            "predicted": value,
+            "measured": median,
+            "unit": unit,
+            "error": (value - median) / median if median else (0.0 if value == 0 else None),
+            "measured_calls": measured,
+        }
+    return {
+        "first_call_s": compile_s,
+        "plans": [g.plan.native.chosen for g in compiled.graphs],
+        "page_cache": ("dropped before each call" if dropped is None else dropped)
+        if cold
+        else "not dropped",
+        "figures": figures,
+    }
+
+
+def _kind(what: str) -> str:
+    name = what.split(" ", 2)[-1] if what.startswith("graph ") else what
+    if name == "time":
+        return "time"
+    if name.startswith("peak"):
+        return "peak"
+    resource = name.removeprefix("busy ")
+    return (
+        "busy disk"
+        if resource.startswith("disk")
+        else ("busy link" if "->" in resource else "busy compute")
+    )
+
+
+def summarize(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Mean and worst absolute error per kind of figure, host and disk cases apart from the
+    virtual ones (of which only peaks count)."""
+    out: dict[str, Any] = {}
+    for group, prefixes in (("host_and_disk", ("host/", "disk/")), ("virtual", ("virtual/",))):
+        errors: dict[str, list[float]] = {}
+        for name, case in cases.items():
+            if not name.startswith(prefixes) or "figures" not in case:
+                continue
+            for what, figure in case["figures"].items():
+                kind = _kind(what)
+                if group == "virtual" and kind != "peak":
+                    continue
+                if figure["error"] is not None:
+                    errors.setdefault(kind, []).append(figure["error"])
+        out[group] = {kind: summary(e) for kind, e in sorted(errors.items())}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="smaller inputs, fewer cases")
+    parser.add_argument("--no-drop", action="store_true", help="keep the page cache")
+    parser.add_argument("--results", type=Path, default=None, help="directory of the JSON")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    cases: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+
+    def record(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        try:
+            cases[name] = fn()
+        except Exception as exc:  # a case that fails is recorded, the others still run
+            cases[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        case = cases[name]
+        if "figures" in case:
+            shown = ", ".join(
+                f"{what} {f['error']:+.0%}"
+                for what, f in case["figures"].items()
+                if f["error"] is not None and not what.endswith("->cpu")
+            )
+            print(f"{name:<28} {shown}", flush=True)
+        else:
+            print(f"{name:<28} {case['error']}", flush=True)
+
+    host = _host_cases(args.quick)
+    if args.quick:
+        host = {k: host[k] for k in ("mlp_512x8", "small_linears_200")}
+    for name, (make, inputs) in host.items():
+        record(
+            f"host/{name}",
+            lambda make=make, inputs=inputs: run_case(  # type: ignore[misc]
+                make(), inputs, {"compiler": "eager"}, args.repeats, cold=False
+            ),
+        )
+    with tempfile.TemporaryDirectory(prefix="tt-fidelity-") as offload:
+        disk: dict[str, tuple[torch.nn.Module, Inputs | dict[str, Any]]] = {
+            "ram_offload_quick": (mlp(2048, 8), (torch.randn(16, 2048),)),
+        }
+        if not args.quick:
+            disk["llama_tiny"] = _llama()
+        for name, (model, inputs) in disk.items():
+            options = {
+                "compiler": "eager",
+                "budgets": {"cpu": param_bytes(model) // 2},
+                "offload_dir": offload,
+            }
+            record(
+                f"disk/{name}",
+                lambda model=model, inputs=inputs, options=options: run_case(  # type: ignore[misc]
+                    model, inputs, options, args.repeats, cold=not args.no_drop
+                ),
+            )
+    if not args.quick:
+        llama, llama_inputs = _llama()
+        record(
+            "host/llama_tiny",
+            lambda: run_case(llama, llama_inputs, {"compiler": "eager"}, args.repeats, cold=False),
+        )
+    from tests.integration.corpus.harness import options as corpus_options
+    from tests.integration.corpus.models import ENTRIES
+
+    for entry in [e for e in ENTRIES if e.quick][: 1 if args.quick else None]:
+        built = entry.build()
+        record(
+            f"virtual/{entry.name}",
+            lambda built=built, entry=entry: run_case(  # type: ignore[misc]
+                built, entry.inputs(0), corpus_options("third", built), args.repeats, cold=False
+            ),
+        )
+    results = {
+        "method": (
+            "per case: tt.compile, one untimed call, then `repeats` calls (the page cache "
+            "dropped before each for disk cases); after each call the plan's predictions "
+            "(the call's time, each resource's busy time from the simulated timeline, each "
+            "virtual device's peak) are compared with what the call measured (its time, the "
+            "union of the runtime's spans per resource, the device ledger's peak); measured "
+            "= median over the calls; error = (predicted - measured) / measured"
+        ),
+        "quick": args.quick,
+        "repeats": args.repeats,
+        "page_cache": "kept (--no-drop)" if args.no_drop else "dropped before disk cases' calls",
+        "summary": summarize(cases),
+        "cases": cases,
+        "runtime_s": time.perf_counter() - started,
+    }
+    for group, kinds in results["summary"].items():
+        for kind, s in kinds.items():
+            if s.get("count"):
+                print(
+                    f"{group:<14} {kind:<13} mean |error| {s['mean_abs_error']:.0%}  "
+                    f"worst {s['worst_abs_error']:.0%}  ({s['count']} figures)"
+                )
+    path = write_results("fidelity", results, args.results)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
