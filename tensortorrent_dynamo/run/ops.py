@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.nn.modules import module as _nn_module
 from torch.utils._pytree import tree_map
 
 from .handles import PrefetchHandle
@@ -114,6 +115,12 @@ def direct_segment(parent: torch.fx.GraphModule) -> tuple[Segment, bool] | None:
     return None
 
 
+def _global_hooks() -> bool:
+    """Whether forward hooks for every module are registered
+    (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook)."""
+    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)
+
+
 class Segment(torch.nn.Module):
     """One device's compiled subgraph, run inside that device's accounting."""
 
@@ -139,8 +146,10 @@ class Segment(torch.nn.Module):
         self.use_eager = False
 
     def __call__(self, *args: Any) -> Any:
-        # nn.Module's call machinery (hooks, tracing state) costs microseconds a call that
-        # a segment, which has no hooks, does not need
+        # nn.Module's call machinery costs microseconds a call: only a segment with hooks
+        # (``verify`` records outputs with them) needs it
+        if self._forward_hooks or self._forward_pre_hooks or _global_hooks():
+            return super().__call__(*args)
         return self.forward(*args)
 
     def forward(self, *args: Any) -> Any:

@@ -27,6 +27,13 @@ def test_a_plan_of_one_host_segment_is_called_as_that_segment() -> None:
     assert calls, "the call went around the segment"
     # the measured span of the direct call is still recorded (explain's measured column)
     assert [e.label for e in graph.runtime.recorder.events] == [segment.name]
+    # a hook on the segment (verify records outputs with them) still runs
+    seen = []
+    hook = segment.register_forward_hook(lambda *_: seen.append(True))
+    with torch.no_grad():
+        compiled(x)
+    hook.remove()
+    assert seen == [True]
 
 
 def test_a_plan_that_streams_is_not_called_directly() -> None:
