@@ -101,7 +101,7 @@ class CompiledGraph:
         try:
             if "cpu" in self.settings.budgets or self.runtime.disk is not None:
                 with RssSampler() as rss, torch.no_grad():
-                    out = self.module(*args)
+                    out = self._call(args)
                 self.last_rss_peak = rss.peak
             elif torch.is_grad_enabled():
                 with torch.no_grad():
