@@ -76,8 +76,7 @@ class Device:
     """One device: the host (index 0 of a device list) or an accelerator.
 
     ``mem_bytes_per_s`` (device-memory bandwidth) and ``disk_bytes_per_s`` (disk read
-    rate, used on the host) default to infinity: not modelled; ``disk_latency_s`` (the
-    fixed cost of one disk read, used on the host) to 0.
+    rate, used on the host) default to infinity: not modelled.
     """
 
     def __new__(
@@ -92,7 +91,6 @@ class Device:
         *,
         mem_bytes_per_s: float = ...,
         disk_bytes_per_s: float = ...,
-        disk_latency_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -121,10 +119,6 @@ class Device:
     @property
     def disk_bytes_per_s(self) -> float:
         """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
-    @property
-    def disk_latency_s(self) -> float:
-        """Fixed cost of one disk read in seconds, used on the host (a read of `b` bytes
-        takes `disk_latency_s + b / disk_bytes_per_s`)."""
 
 @final
 class Candidate:

@@ -51,7 +51,6 @@ def key(
                 d.latency_s,
                 d.mem_bytes_per_s,
                 d.disk_bytes_per_s,
-                d.disk_latency_s,
             ]
             for d in devices
         ],

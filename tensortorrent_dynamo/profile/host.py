@@ -21,9 +21,6 @@ NOMINAL_CUDA_FLOPS = 5e13
 NOMINAL_CUDA_LINK_BYTES_PER_S = 2.5e10
 NOMINAL_CUDA_LATENCY_S = 1e-5
 NOMINAL_DISK_READ_BYTES_PER_S = 1e9
-# the fixed cost of one read of the disk tier (a request through the reader's threads to the
-# disk and back): measured 0.1-0.3 ms for reads of a few KiB on the development machines
-NOMINAL_DISK_LATENCY_S = 1e-4
 
 _DEVICE_NAME = {"cpu": re.compile("cpu"), "cuda": re.compile("cuda:[0-9]+")}
 """The name a device of each kind the planner reads has in a profile."""
@@ -129,11 +126,6 @@ class HostProfile:
     def disk_latency_s(self) -> float | None:
         """Time of one random 4 KiB read at the offload directory, if measured."""
         return self.measurements.disk.latency.value if self.measurements else None
-
-    @property
-    def planned_disk_latency_s(self) -> float:
-        """The fixed cost of one disk read the planner uses: measured, else 0.1 ms."""
-        return self.disk_latency_s or NOMINAL_DISK_LATENCY_S
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import tensortorrent as tt
-from tensortorrent_dynamo.profile import host as host_profile
 from tensortorrent_dynamo.weights.released import released_location
 from tests.models import mlp, param_bytes
 
@@ -267,13 +266,7 @@ def test_a_tight_budget_reads_each_weight_when_its_layer_starts(tmp_path: Path) 
 CHUNK = 64 * 1024
 
 
-def test_large_weights_stream_in_row_chunks_and_read_less(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # At these sizes (64 KiB chunks) the fixed cost of a read (0.1 ms nominal) outweighs
-    # the bytes chunks save, and the planner rightly keeps weights whole; without it, the
-    # chunks are what it plans, and how they are cut, read and fed is what is tested.
-    monkeypatch.setattr(host_profile, "NOMINAL_DISK_LATENCY_S", 0.0)
+def test_large_weights_stream_in_row_chunks_and_read_less(tmp_path: Path) -> None:
     x = torch.randn(16, 256)
     with torch.no_grad():
         expected = mlp(256, 8)(x)

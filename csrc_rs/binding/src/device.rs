@@ -24,7 +24,6 @@ impl PyDevice {
         *,
         mem_bytes_per_s = f64::INFINITY,
         disk_bytes_per_s = f64::INFINITY,
-        disk_latency_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -36,7 +35,6 @@ impl PyDevice {
         latency_s: f64,
         mem_bytes_per_s: f64,
         disk_bytes_per_s: f64,
-        disk_latency_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -49,7 +47,6 @@ impl PyDevice {
                 latency_s,
                 mem_bytes_per_s,
                 disk_bytes_per_s,
-                disk_latency_s,
             },
         }
     }
@@ -109,19 +106,12 @@ impl PyDevice {
         self.inner.disk_bytes_per_s
     }
 
-    /// Fixed cost of one disk read in seconds, used on the host (a read of
-    /// `b` bytes takes `disk_latency_s + b / disk_bytes_per_s`).
-    #[getter]
-    fn disk_latency_s(&self) -> f64 {
-        self.inner.disk_latency_s
-    }
-
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}, disk_latency_s={})",
+             mem_bytes_per_s={}, disk_bytes_per_s={})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -130,8 +120,7 @@ impl PyDevice {
             float_repr(d.d2h_bytes_per_s),
             float_repr(d.latency_s),
             float_repr(d.mem_bytes_per_s),
-            float_repr(d.disk_bytes_per_s),
-            float_repr(d.disk_latency_s)
+            float_repr(d.disk_bytes_per_s)
         )
     }
 }

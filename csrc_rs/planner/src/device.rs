@@ -29,9 +29,6 @@ pub struct Device {
     /// used: parameters whose home is disk are read into host memory).
     /// Infinite means "not modelled".
     pub disk_bytes_per_s: f64,
-    /// Fixed cost of one read from the disk tier in seconds (the host's):
-    /// a read of `b` bytes takes `disk_latency_s + b / disk_bytes_per_s`.
-    pub disk_latency_s: f64,
 }
 
 impl Device {
@@ -57,15 +54,7 @@ impl Device {
             latency_s,
             mem_bytes_per_s: f64::INFINITY,
             disk_bytes_per_s: f64::INFINITY,
-            disk_latency_s: 0.0,
         }
-    }
-
-    /// Seconds this device (the host) needs to read `bytes` from the disk
-    /// tier: the fixed cost of a read plus its bytes over the read rate.
-    #[must_use]
-    pub fn disk_read_s(&self, bytes: f64) -> f64 {
-        self.disk_latency_s + bytes / self.disk_bytes_per_s
     }
 
     /// Seconds this device needs to run a node of `flops` operations that
@@ -132,12 +121,6 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             return Err(invalid(format!(
                 "device {i} ({:?}) has flops_per_s = {}; it must be positive",
                 d.name, d.flops_per_s
-            )));
-        }
-        if !(d.disk_latency_s.is_finite() && d.disk_latency_s >= 0.0) {
-            return Err(invalid(format!(
-                "device {i} ({:?}) has disk_latency_s = {}; it must be finite and non-negative",
-                d.name, d.disk_latency_s
             )));
         }
         if !(d.latency_s.is_finite() && d.latency_s >= 0.0) {

@@ -160,29 +160,6 @@ fn disk_parameters_are_read_into_host_staging() {
 }
 
 #[test]
-fn a_disk_read_costs_its_fixed_latency_plus_its_bytes_over_the_rate() {
-    let g = two_layers()
-        .with_param_home(vec![Tier::Disk, Tier::Disk])
-        .unwrap();
-    let mut devices = exact_devices();
-    devices[0].disk_bytes_per_s = 5e8;
-    devices[0].disk_latency_s = 0.001;
-    let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 1).unwrap();
-    let reads = records(&sim.timeline, Activity::Param);
-    assert_eq!(reads.len(), 2);
-    for read in &reads {
-        assert_eq!(read.resource, Resource::Disk);
-        assert_close(read.end_s - read.start_s, 0.001 + 0.002);
-    }
-    let mut bad = exact_devices();
-    bad[0].disk_latency_s = -1.0;
-    assert!(matches!(
-        simulate(&g, &bad, &[0, 0, 0], &[true, true], 1),
-        Err(PlanError::InvalidDevices(_))
-    ));
-}
-
-#[test]
 fn flags_of_parameters_that_cannot_stream_are_ignored() {
     let g = two_layers();
     let devices = exact_devices();

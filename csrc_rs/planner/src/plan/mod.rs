@@ -504,12 +504,6 @@ impl Planner {
                 h.f64(d.mem_bytes_per_s);
                 h.f64(disk_bytes_per_s);
             }
-            // hashed only when it counts, so that plans made without it keep their hashes
-            if disk_params && d.disk_latency_s > 0.0 {
-                h.str("disk_latency");
-                h.u64(i as u64);
-                h.f64(d.disk_latency_s);
-            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");
