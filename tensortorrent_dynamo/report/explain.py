@@ -9,6 +9,7 @@ from ..plan.planner import resident_set
 from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
+from .fidelity import union_s
 
 if TYPE_CHECKING:
     from ..session import CompiledGraph
@@ -70,16 +71,6 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
     return lines
 
 
-def _union_s(spans: Sequence[tuple[float, float]]) -> float:
-    """Seconds covered by at least one span (overlapping reads count once)."""
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(spans):
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
-
-
 def _explain_disk(graph: CompiledGraph) -> list[str]:
     """What the graph reads from disk: planned bytes and time, and the last call's."""
     plan = graph.plan
@@ -108,7 +99,7 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         (e.start_s, e.end_s) for e in graph.runtime.recorder.events if e.resource == "disk->cpu"
     ]
     if spans:
-        busy = _union_s(spans)
+        busy = union_s(spans)
         lines.append(
             f"    measured (last call): {len(spans)} reads, disk busy {format_seconds(busy)}"
             + (f", {format_rate(read_bytes / busy, 'B/s')}" if busy > 0 and read else "")
