@@ -28,6 +28,7 @@ import torch.fx
 
 from .cost_graph import dynamo_params
 from .errors import TensorTorrentWarning, UnsupportedNodeError
+from .passes.grouped_attention import GroupedAttention
 from .passes.param_views import OneReaderPerParamView
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ def functional(
                 len(inputs.mutated),
                 ", ".join(inputs.mutated[:4]) + (", ..." if len(inputs.mutated) > 4 else ""),
             )
+        GroupedAttention()(aten)
         OneReaderPerParamView(inputs.params)(aten)
         # AOTAutograd calls this under its fake mode; planning allocates, copies and runs
         # real tensors

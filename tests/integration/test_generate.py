@@ -103,7 +103,7 @@ class TestGenerate(expecttest.TestCase):
 Graph 0: 208 nodes, 26 parameters (104.77 KiB), 238.59 kFLOP, plan <hash>
   written in place (2 inputs, 16 B; a static KV cache's buffers and the like), placed by the plan:
     2 (16 B, the largest L['kwargs']['cache'].layers[0].cumulative_length scalar int64) held on virtual:0 between calls; read and updated there (as a new value): no copy per call
-Graph 1: 227 nodes, 26 parameters (104.77 KiB), 48.38 kFLOP, plan <hash>
+Graph 1: 219 nodes, 26 parameters (104.77 KiB), 48.38 kFLOP, plan <hash>
   written in place (6 inputs, 3.27 KiB; a static KV cache's buffers and the like), placed by the plan:
     6 (3.27 KiB, the largest L['kwargs']['cache'].layers[0].keys 1x2x13x8 float32) held on virtual:0 between calls; read and updated there (4 in place, 2 as a new value): no copy per call""",
         )
