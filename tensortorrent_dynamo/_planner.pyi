@@ -42,7 +42,8 @@ class CostGraph:
     KV cache buffer, and the output that is its new value, which goes at the end of a
     call to the device the input is placed on rather than to the host; with ``in_place``
     the output is written into the input itself, which then lives where that runs) to
-    none. Raises
+    none; ``node_rate_class`` (per node: which of a device's compute rates its FLOPs run
+    at, see ``Device.class_flops_per_s``) to all 0. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -63,6 +64,7 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         param_disk_allowed: Sequence[bool] | None = None,
         state: Sequence[tuple[int, int, bool]] | None = None,
+        node_rate_class: Sequence[int] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:
@@ -76,7 +78,9 @@ class Device:
     """One device: the host (index 0 of a device list) or an accelerator.
 
     ``mem_bytes_per_s`` (device-memory bandwidth) and ``disk_bytes_per_s`` (disk read
-    rate, used on the host) default to infinity: not modelled.
+    rate, used on the host) default to infinity: not modelled. ``class_flops_per_s``
+    holds the compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
+    class 0 and the classes it does not list run at ``flops_per_s``.
     """
 
     def __new__(
@@ -91,6 +95,7 @@ class Device:
         *,
         mem_bytes_per_s: float = ...,
         disk_bytes_per_s: float = ...,
+        class_flops_per_s: Sequence[float] = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -101,6 +106,10 @@ class Device:
     @property
     def flops_per_s(self) -> float:
         """Compute rate in floating-point operations per second."""
+    @property
+    def class_flops_per_s(self) -> list[float]:
+        """Compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
+        class 0 and unlisted classes run at ``flops_per_s``."""
     @property
     def budget_bytes(self) -> int:
         """Memory the plan may use on this device, in bytes."""

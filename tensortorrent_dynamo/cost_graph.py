@@ -53,6 +53,9 @@ class CostNode:
         last_use: index of the last node that reads the value; ``len(nodes)`` when
             the value is a graph output or a graph input (the caller holds both).
         fallback: why the node could not be costed or placed (it then runs on the host).
+        dtype: the dtype its FLOPs run in (its first floating-point input's, as
+            ``"bfloat16"``), ``None`` for a node with no FLOPs: which of a device's compute
+            rates it is costed at (``to_native``'s ``rate_classes``).
     """
 
     name: str
@@ -67,6 +70,7 @@ class CostNode:
     alloc_bytes: int = 0
     bytes_accessed: int = 0
     last_use: int = 0
+    dtype: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +184,7 @@ class CostGraph:
             "format": COST_GRAPH_FORMAT,
             "format_version": COST_GRAPH_FORMAT_VERSION,
             "torch_version": torch.__version__,
-            "nodes": [dataclasses.asdict(n) for n in self.nodes],
+            "nodes": [_node_json(n) for n in self.nodes],
             "params": [dataclasses.asdict(p) for p in self.params],
             "output_ids": list(self.output_ids),
             "storages": [dataclasses.asdict(s) for s in self.storages],
@@ -272,13 +276,17 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
         state_movable: bool = False,
+        rate_classes: Sequence[str] = (),
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
         ``disk_allowed`` which host-RAM ones the planner may move to disk (none when
         omitted). With ``state_movable``, the planner may keep the inputs written in place
         (``state``) on an accelerator between calls; else they stay in host memory, as
-        every other graph input does."""
+        every other graph input does. A node whose ``dtype`` is ``rate_classes[k]`` is of
+        rate class ``k + 1`` (costed at each device's rate for that dtype), any other of
+        class 0."""
+        classes = {dtype: k + 1 for k, dtype in enumerate(rate_classes)}
         movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
         input_ids: list[int] = []
@@ -304,7 +312,16 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
+            node_rate_class=[classes.get(n.dtype or "", 0) for n in self.nodes],
         )
+
+
+def _node_json(node: CostNode) -> dict[str, Any]:
+    """A node's JSON form; ``dtype`` only where it has one."""
+    data = dataclasses.asdict(node)
+    if data["dtype"] is None:
+        del data["dtype"]
+    return data
 
 
 _Parsed = TypeVar("_Parsed")
@@ -468,6 +485,15 @@ def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) ->
         else:
             raise ValueError(f"cannot cost a {node.op} node")
     return float(size_hint(counter.get_total_flops(), sizes))
+
+
+def _flops_dtype(node: torch.fx.Node) -> str | None:
+    """The dtype a node's FLOPs run in: that of its first floating-point tensor input."""
+    for arg in node.all_input_nodes:
+        for leaf in _leaves(_example(arg)):
+            if leaf.dtype.is_floating_point:
+                return str(leaf.dtype).removeprefix("torch.")
+    return None
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -636,6 +662,7 @@ class _Builder:
             inputs=sorted(inputs),
             fallback=fallback,
             read_bytes=read,
+            dtype=_flops_dtype(node) if flops > 0 else None,
         )
 
     def add(
@@ -649,6 +676,7 @@ class _Builder:
         fallback: str | None,
         is_graph_input: bool = False,
         read_bytes: int = 0,
+        dtype: str | None = None,
     ) -> None:
         my_id = len(self.nodes)
         value = _example(node)
@@ -677,6 +705,7 @@ class _Builder:
                 "alloc_bytes": alloc,
                 "bytes_accessed": read_bytes + alloc,
                 "last_use": my_id,
+                **({"dtype": dtype} if dtype is not None else {}),
             }
         )
 

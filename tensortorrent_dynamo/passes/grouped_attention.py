@@ -144,7 +144,7 @@ def _rewrite(graph: torch.fx.Graph, attention: torch.fx.Node) -> bool:
         user.replace_all_uses_with(result)
         graph.erase_node(user)
     graph.erase_node(attention)
-    for repeated in (keys, values):  # the repeats, now unread
+    for repeated in dict.fromkeys((keys, values)):  # the repeats, now unread
         _erase_unread(graph, repeated)
     return True
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..io.files import write_text
+from .measure import BUDGETS, dtype_name
 from .schema import Fingerprint, Measurements
 
 CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
@@ -85,7 +86,25 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
         diffs = "; ".join(fingerprint.differences(measurements.fingerprint))
         problem = f"the cached profile {path} was measured on other hardware ({diffs})"
         return CacheLookup(path, None, problem, suspicious=True)
+    missing = _missing_dtypes(measurements)
+    if missing:
+        problem = (
+            f"the cached profile {path} has no CPU {', '.join(missing)} matmul rate "
+            "(measured before the short profile measured it)"
+        )
+        return CacheLookup(path, None, problem)
     return CacheLookup(path, measurements)
+
+
+def _missing_dtypes(measurements: Measurements) -> list[str]:
+    """The dtypes a short profile measures the CPU's matmul rate in that ``measurements``,
+    a cached short profile, has no figure for."""
+    cpu = measurements.device("cpu")
+    if measurements.mode != "short" or cpu is None:
+        return []
+    return [
+        name for name in (dtype_name(d) for d in BUDGETS["short"].dtypes) if name not in cpu.matmul
+    ]
 
 
 def save(measurements: Measurements) -> Path:

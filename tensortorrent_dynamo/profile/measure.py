@@ -71,7 +71,8 @@ BUDGETS: dict[Mode, Budget] = {
         disk_samples=0,
         disk_reads=0,
         disk_budget_s=0.0,
-        dtypes=(torch.float32,),
+        # bfloat16 too: the dtype most large models run in, at a rate of its own
+        dtypes=(torch.float32, torch.bfloat16),
     ),
     "quick": Budget(
         repeats=5,

@@ -128,7 +128,10 @@ def auto_profile() -> HostProfile:
         log.warning("%s; measuring this machine again", found.problem)
     else:
         log.info("%s", found.problem)
-    log.info("measuring a short host profile (CPU float32 matmul, memory bandwidth)")
+    log.info(
+        "measuring a short host profile (CPU float32 and bfloat16 matmul, memory bandwidth, "
+        "per-op cost)"
+    )
     started = time.perf_counter()
     measured = measure_host("short")
     cpu = HostProfile.from_measurements(measured, "measured now").device("cpu")

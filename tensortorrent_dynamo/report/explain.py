@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..plan.planner import resident_set
+from ..plan.planner import RATE_CLASSES, class_rates, resident_set
 from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
@@ -54,7 +54,7 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
             ]
         )
     header = ["device", "kind", "budget", "compute", "link h2d", "peak predicted", "peak measured"]
-    lines = ["Devices", *_table(header, rows)]
+    lines = ["Devices", *_table(header, rows), *_explain_rates(graphs)]
     if any(g.last_rss_peak is not None for g in graphs):
         lines.append(
             "  host RSS: the whole process's resident memory during the last call (sampled "
@@ -67,6 +67,33 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
         lines.append(
             f"  disk tier: {len(disk.locations)} parameters ({format_bytes(on_disk)}) read "
             f"from disk, page cache bypassed; {format_bytes(disk.reader.bytes_read)} read so far"
+        )
+    return lines
+
+
+def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
+    """Which compute rate the FLOPs of each dtype were costed at, per device (the
+    "compute" column is the float32 rate)."""
+    flops: dict[str, float] = {}
+    for graph in graphs:
+        for node in graph.plan.cost.nodes:
+            if node.dtype is not None and node.flops > 0:
+                flops[node.dtype] = flops.get(node.dtype, 0.0) + node.flops
+    if not flops or set(flops) == {"float32"}:
+        return []
+    lines = ["  FLOPs by dtype, and the rate each device's are costed at:"]
+    for dtype, total in sorted(flops.items(), key=lambda item: -item[1]):
+        rates = []
+        for planned in graphs[0].plan.devices:
+            dev = planned.profile
+            if dtype in RATE_CLASSES:
+                rate = class_rates(dev)[RATE_CLASSES.index(dtype)]
+                note = "" if dtype in dev.flops_by_dtype else " (float32's: not measured)"
+            else:
+                rate, note = dev.flops_per_s, "" if dtype == "float32" else " (float32's)"
+            rates.append(f"{dev.name} {format_rate(rate, 'FLOP/s')}{note}")
+        lines.append(
+            f"    {dtype}: {_flops(total)} (each graph once); costed at {', '.join(rates)}"
         )
     return lines
 

@@ -91,3 +91,15 @@ submod_3 = self.submod_3(wait_2, resident_2, submod_2)
 evict_2 = tensortorrent_dynamo_run_ops_evict(prefetch_2)
 transfer_1 = tensortorrent_dynamo_run_ops_transfer(tt_runtime, submod_3, 'cpu')""",
         )
+
+
+def test_explain_names_the_rate_each_dtypes_flops_are_costed_at() -> None:
+    torch._dynamo.reset()
+    model, x = mlp(32, 3).to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile="nominal")
+    lines = compiled.explain().splitlines()
+    start = lines.index("  FLOPs by dtype, and the rate each device's are costed at:")
+    assert lines[start + 1] == (
+        "    bfloat16: 24.58 kFLOP (each graph once); "
+        "costed at cpu 50.00 GFLOP/s (float32's: not measured)"
+    )

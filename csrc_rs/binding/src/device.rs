@@ -24,6 +24,7 @@ impl PyDevice {
         *,
         mem_bytes_per_s = f64::INFINITY,
         disk_bytes_per_s = f64::INFINITY,
+        class_flops_per_s = Vec::new(),
     ))]
     fn new(
         name: String,
@@ -35,12 +36,14 @@ impl PyDevice {
         latency_s: f64,
         mem_bytes_per_s: f64,
         disk_bytes_per_s: f64,
+        class_flops_per_s: Vec<f64>,
     ) -> Self {
         Self {
             inner: Device {
                 name,
                 is_host,
                 flops_per_s,
+                class_flops_per_s,
                 budget_bytes,
                 h2d_bytes_per_s,
                 d2h_bytes_per_s,
@@ -67,6 +70,13 @@ impl PyDevice {
     #[getter]
     fn flops_per_s(&self) -> f64 {
         self.inner.flops_per_s
+    }
+
+    /// Compute rate of each rate class from 1 (class `c` at index `c - 1`);
+    /// class 0 and unlisted classes run at `flops_per_s`.
+    #[getter]
+    fn class_flops_per_s(&self) -> Vec<f64> {
+        self.inner.class_flops_per_s.clone()
     }
 
     /// Memory the plan may use on this device, in bytes.
@@ -111,7 +121,7 @@ impl PyDevice {
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -120,7 +130,14 @@ impl PyDevice {
             float_repr(d.d2h_bytes_per_s),
             float_repr(d.latency_s),
             float_repr(d.mem_bytes_per_s),
-            float_repr(d.disk_bytes_per_s)
+            float_repr(d.disk_bytes_per_s),
+            if d.class_flops_per_s.is_empty() {
+                String::new()
+            } else {
+                let rates: Vec<String> =
+                    d.class_flops_per_s.iter().map(|&r| float_repr(r)).collect();
+                format!(", class_flops_per_s=[{}]", rates.join(", "))
+            }
         )
     }
 }

@@ -29,6 +29,7 @@ impl PyCostGraph {
         param_home = None,
         param_disk_allowed = None,
         state = None,
+        node_rate_class = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -45,6 +46,7 @@ impl PyCostGraph {
         param_home: Option<Vec<String>>,
         param_disk_allowed: Option<Vec<bool>>,
         state: Option<Vec<(u32, u32, bool)>>,
+        node_rate_class: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -73,6 +75,9 @@ impl PyCostGraph {
             }
             if let Some(pairs) = state {
                 graph = graph.with_state(&pairs)?;
+            }
+            if let Some(classes) = node_rate_class {
+                graph = graph.with_node_rate_class(classes)?;
             }
             Ok(graph)
         };

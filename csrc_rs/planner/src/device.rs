@@ -11,8 +11,13 @@ pub struct Device {
     pub name: String,
     /// Whether this is the host (exactly one, at index 0).
     pub is_host: bool,
-    /// Sustained compute rate in floating-point operations per second.
+    /// Sustained compute rate in floating-point operations per second: that
+    /// of rate class 0 and of every class `class_flops_per_s` does not list.
     pub flops_per_s: f64,
+    /// The compute rate of each further rate class, class `c` (from 1) at
+    /// index `c - 1`: a node's class names the rate its FLOPs run at (on the
+    /// host, a bfloat16 matmul is not a float32 one). Empty: one rate.
+    pub class_flops_per_s: Vec<f64>,
     /// Memory the plan may use on this device, in bytes.
     pub budget_bytes: u64,
     /// Host-to-device copy rate in bytes per second (ignored for the host).
@@ -48,6 +53,7 @@ impl Device {
             name: name.into(),
             is_host,
             flops_per_s,
+            class_flops_per_s: Vec::new(),
             budget_bytes,
             h2d_bytes_per_s,
             d2h_bytes_per_s,
@@ -57,17 +63,27 @@ impl Device {
         }
     }
 
-    /// Seconds this device needs to run a node of `flops` operations that
-    /// moves `bytes` through device memory: the slower of compute and
-    /// memory traffic, plus the fixed latency. A node that computes and
-    /// moves nothing (a graph input, a view of a parameter taken where it is
-    /// read) takes no time.
+    /// The compute rate of rate class `class` (see `class_flops_per_s`).
     #[must_use]
-    pub fn node_time(&self, flops: f64, bytes: u64) -> f64 {
+    pub fn class_rate(&self, class: u32) -> f64 {
+        (class as usize)
+            .checked_sub(1)
+            .and_then(|i| self.class_flops_per_s.get(i))
+            .copied()
+            .unwrap_or(self.flops_per_s)
+    }
+
+    /// Seconds this device needs to run a node of `flops` operations of
+    /// rate class `class` that moves `bytes` through device memory: the
+    /// slower of compute and memory traffic, plus the fixed latency. A node
+    /// that computes and moves nothing (a graph input, a view of a parameter
+    /// taken where it is read) takes no time.
+    #[must_use]
+    pub fn node_time(&self, flops: f64, bytes: u64, class: u32) -> f64 {
         if flops == 0.0 && bytes == 0 {
             return 0.0;
         }
-        let compute = flops / self.flops_per_s;
+        let compute = flops / self.class_rate(class);
         let traffic = bytes as f64 / self.mem_bytes_per_s;
         compute.max(traffic) + self.latency_s
     }
@@ -121,6 +137,17 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             return Err(invalid(format!(
                 "device {i} ({:?}) has flops_per_s = {}; it must be positive",
                 d.name, d.flops_per_s
+            )));
+        }
+        if let Some((c, rate)) = d
+            .class_flops_per_s
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.is_nan() || **r <= 0.0)
+        {
+            return Err(invalid(format!(
+                "device {i} ({:?}) has class_flops_per_s[{c}] = {rate}; it must be positive",
+                d.name
             )));
         }
         if !(d.latency_s.is_finite() && d.latency_s >= 0.0) {

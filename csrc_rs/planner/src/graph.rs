@@ -69,6 +69,7 @@ pub struct CostGraph {
     param_users: Vec<u32>,
     output_ids: Vec<u32>,
     node_bytes_accessed: Vec<u64>,
+    node_rate_class: Vec<u32>,
     param_home: Vec<Tier>,
     param_disk_allowed: Vec<bool>,
     // per node: for a graph output that is the new value of a state input (a
@@ -310,6 +311,7 @@ impl CostGraph {
             param_users,
             output_ids,
             node_bytes_accessed: vec![0; n],
+            node_rate_class: vec![0; n],
             param_home: vec![Tier::Host; p],
             param_disk_allowed: vec![false; p],
             output_state: vec![u32::MAX; n],
@@ -338,6 +340,24 @@ impl CostGraph {
             )));
         }
         self.node_bytes_accessed = bytes;
+        Ok(self)
+    }
+
+    /// Sets the rate class of each node: which of a device's compute rates
+    /// its FLOPs run at (`Device::class_rate`); by default 0, every node at
+    /// the device's `flops_per_s`.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the node count.
+    pub fn with_node_rate_class(mut self, classes: Vec<u32>) -> Result<Self, PlanError> {
+        if classes.len() != self.num_nodes() {
+            return Err(invalid(format!(
+                "node_rate_class has {} entries but node_flops has {}",
+                classes.len(),
+                self.num_nodes()
+            )));
+        }
+        self.node_rate_class = classes;
         Ok(self)
     }
 
@@ -513,6 +533,12 @@ impl CostGraph {
     #[must_use]
     pub fn node_bytes_accessed(&self) -> &[u64] {
         &self.node_bytes_accessed
+    }
+
+    /// Rate class of each node (see `with_node_rate_class`).
+    #[must_use]
+    pub fn node_rate_class(&self) -> &[u32] {
+        &self.node_rate_class
     }
 
     /// Home tier of each parameter.

@@ -70,6 +70,27 @@ fn memory_traffic_bounds_node_time() {
 }
 
 #[test]
+fn a_nodes_rate_class_selects_its_devices_rate() {
+    let mut devices = exact_devices();
+    let all_host = [0, 0, 0];
+    let base = simulate(&two_layers(), &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(base.predicted_time_s, 2.0);
+    // The second layer is of class 2, which the host runs 4x faster; class 1
+    // (the first listed) is not used, and a class past the list runs at
+    // flops_per_s.
+    devices[0].class_flops_per_s = vec![1.0, devices[0].flops_per_s * 4.0];
+    let g = two_layers().with_node_rate_class(vec![0, 0, 2]).unwrap();
+    let faster = simulate(&g, &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(faster.predicted_time_s, 1.0 + 0.25);
+    let g = two_layers().with_node_rate_class(vec![0, 3, 3]).unwrap();
+    let unlisted = simulate(&g, &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(unlisted.predicted_time_s, 2.0);
+    assert!(two_layers().with_node_rate_class(vec![0]).is_err());
+    devices[0].class_flops_per_s = vec![0.0];
+    assert!(simulate(&g, &devices, &all_host, &[false; 2], 1).is_err());
+}
+
+#[test]
 fn busy_fractions_and_lower_bound_follow_the_timeline() {
     // All streamed: W0 [0, 1] ms, x [1, 1.001], L0 [1.001, 2.001], W1
     // prefetched [1.001, 2.001] behind x, L1 [2.001, 3.001], out back.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,3 +73,16 @@ def test_fqn_from_placeholder_names() -> None:
 def test_tensor_bytes_of_nested_values() -> None:
     assert tensor_bytes((torch.ones(2, 3), [torch.ones(4, dtype=torch.float16), 7])) == 24 + 8
     assert tensor_bytes(None) == 0
+
+
+def test_nodes_with_flops_carry_their_dtype_and_its_rate_class() -> None:
+    model, x = mlp(16, 2).to(torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
+    (graph,) = capture(model, x)
+    with_flops = [n for n in graph.nodes if n.flops > 0]
+    assert with_flops and all(n.dtype == "bfloat16" for n in with_flops)
+    assert all(n.dtype is None for n in graph.nodes if n.flops == 0)
+    again = CostGraph.from_json(json.loads(json.dumps(graph.to_json())))
+    assert again == graph, "the dtype survives the file"
+    (f32,) = capture(mlp(16, 2), torch.randn(4, 16))
+    assert {n.dtype for n in f32.nodes if n.flops > 0} == {"float32"}
+    assert f32.digest() != graph.digest()

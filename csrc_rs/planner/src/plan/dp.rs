@@ -82,7 +82,11 @@ impl<'a> Costs<'a> {
             let disk_read = disk_share[v] / disk_rate;
             for (d, dev) in devices.iter().enumerate() {
                 let k = v * nd + d;
-                let mut t = dev.node_time(g.node_flops()[v], g.node_bytes_accessed()[v]);
+                let mut t = dev.node_time(
+                    g.node_flops()[v],
+                    g.node_bytes_accessed()[v],
+                    g.node_rate_class()[v],
+                );
                 window[k] = since[d];
                 since[d] = if bytes[v] > 0.0 { t } else { since[d] + t };
                 if d == HOST as usize {

@@ -481,6 +481,14 @@ impl Planner {
             h.str("node_bytes_accessed");
             h.u64s(g.node_bytes_accessed());
         }
+        // Class rates matter only to a graph with nodes of a class above 0.
+        if g.node_rate_class().iter().any(|&c| c > 0) {
+            h.str("node_rate_class");
+            h.u32s(g.node_rate_class());
+            for d in devices {
+                h.f64s(&d.class_flops_per_s);
+            }
+        }
         if g.has_disk_params() {
             h.str("param_home");
             for t in g.param_home() {

@@ -656,8 +656,11 @@ impl Workspace {
         }
         let start = self.node_start(inp, clock, x, first_of_segment);
         clock.mem.push(dev, start, own_bytes(g, pl, x), true);
-        let seconds =
-            devices[dev as usize].node_time(g.node_flops()[x], g.node_bytes_accessed()[x]);
+        let seconds = devices[dev as usize].node_time(
+            g.node_flops()[x],
+            g.node_bytes_accessed()[x],
+            g.node_rate_class()[x],
+        );
         let (_, finish) = clock.queues.run(
             Resource::Compute(dev),
             start,
