@@ -122,6 +122,22 @@ def test_corrupt_cache_is_measured_again(
     assert Measurements.from_json(path.read_text()).mode == "short", "the cache was repaired"
 
 
+def test_a_short_profile_cached_before_it_measured_bfloat16_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    old = json.loads(path.read_text())
+    del old["devices"][0]["matmul"]["bfloat16"]
+    path.write_text(json.dumps(old))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "no CPU bfloat16 matmul rate" in caplog.text
+    assert "bfloat16" in Measurements.from_json(path.read_text()).devices[0].matmul
+
+
 def test_unwritable_cache_measures_once_per_process(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
