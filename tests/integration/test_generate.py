@@ -176,3 +176,26 @@ def test_a_kv_cache_the_budget_cannot_hold_is_refused_naming_the_length_that_fit
         assert 0 < cause.largest_length < error.largest_length
     else:
         assert len(calls) == new_tokens
+
+
+def test_the_kv_cache_of_the_call_that_compiled_is_not_kept_alive() -> None:
+    """Dynamo's tracing leaves garbage that refers to the cache it traced with; the backend
+    collects it before a graph's first call, so the cache goes when ``generate()`` returns
+    rather than at some later cyclic collection (with a second cache made meanwhile)."""
+    import gc
+
+    torch._dynamo.reset()
+    model = _model()
+    model.forward = torch.compile(
+        model.forward, backend="tensortorrent", options={"compiler": "eager"}
+    )
+    cache_shape = (1, 2, PROMPT + NEW_TOKENS - 1, 8)  # batch, KV heads, positions, head dim
+    gc.disable()  # as in a process whose next cyclic collection is far away
+    try:
+        with torch.no_grad():
+            model.generate(_prompt(), **_kwargs())
+        alive = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.shape == cache_shape]
+    finally:
+        gc.enable()
+    assert [g.calls for g in tt.tensortorrent_backend.graphs] == [1, NEW_TOKENS - 1]
+    assert alive == [], f"{len(alive)} tensors of the cache's shape outlived generate()"
