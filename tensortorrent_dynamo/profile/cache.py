@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..io.files import write_text
-from .measure import BUDGETS, dtype_name
+from .measure import BUDGETS, SHORT_NOTE, dtype_name
 from .schema import Fingerprint, Measurements
 
 CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
@@ -98,13 +98,13 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
 
 def _missing_dtypes(measurements: Measurements) -> list[str]:
     """The dtypes a short profile measures the CPU's matmul rate in that ``measurements``,
-    a cached short profile, has no figure for."""
+    a cached short profile, has no figure for, or lists as not measured."""
     cpu = measurements.device("cpu")
     if measurements.mode != "short" or cpu is None:
         return []
-    return [
-        name for name in (dtype_name(d) for d in BUDGETS["short"].dtypes) if name not in cpu.matmul
-    ]
+    names = [dtype_name(d) for d in BUDGETS["short"].dtypes]
+    # an older short profile lists the dtype as not measured (a failed one has another note)
+    return [n for n in names if n not in cpu.matmul or cpu.matmul[n].note == SHORT_NOTE]
 
 
 def save(measurements: Measurements) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tensortorrent_dynamo.profile import NOMINAL_CPU_FLOPS, cache, resolve
+from tensortorrent_dynamo.profile import NOMINAL_CPU_FLOPS, cache, measure, resolve
 from tensortorrent_dynamo.profile.detect import current_fingerprint, detect_cuda_devices
 from tensortorrent_dynamo.profile.schema import Fingerprint, Measurements
 from tensortorrent_dynamo.settings import parse_options
@@ -128,7 +128,13 @@ def test_a_short_profile_cached_before_it_measured_bfloat16_is_measured_again(
     resolve.host_profile(AUTO)
     path = cache.profile_path(current_fingerprint())
     old = json.loads(path.read_text())
-    del old["devices"][0]["matmul"]["bfloat16"]
+    # as an older short profile wrote it
+    old["devices"][0]["matmul"]["bfloat16"] = {
+        "value": None,
+        "unit": "FLOP/s",
+        "method": "not measured",
+        "note": measure.SHORT_NOTE,
+    }
     path.write_text(json.dumps(old))
     with caplog.at_level(logging.INFO, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
