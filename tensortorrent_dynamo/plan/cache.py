@@ -51,7 +51,7 @@ def key(
                 d.latency_s,
                 d.mem_bytes_per_s,
                 d.disk_bytes_per_s,
-                *([list(d.class_flops_per_s)] if d.class_flops_per_s else []),
+                list(d.class_flops_per_s),
             ]
             for d in devices
         ],

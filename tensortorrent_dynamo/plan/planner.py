@@ -39,9 +39,17 @@ matmul rate in that dtype, else the float32 one. A bfloat16 matmul on a CPU with
 several times faster than a float32 one, and on a GPU a half-precision one faster still."""
 
 
+def dtype_rate(device: DeviceProfile, dtype: str) -> float:
+    """The rate ``device``'s FLOPs in ``dtype`` are costed at: its measured matmul rate in
+    that dtype for one of :data:`RATE_CLASSES`, else its float32 rate."""
+    if dtype in RATE_CLASSES:
+        return device.flops_by_dtype.get(dtype, device.flops_per_s)
+    return device.flops_per_s
+
+
 def class_rates(device: DeviceProfile) -> list[float]:
     """``device``'s compute rate for each of :data:`RATE_CLASSES`."""
-    return [device.flops_by_dtype.get(dtype, device.flops_per_s) for dtype in RATE_CLASSES]
+    return [dtype_rate(device, dtype) for dtype in RATE_CLASSES]
 
 
 @dataclasses.dataclass(frozen=True)

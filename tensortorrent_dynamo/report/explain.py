@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..plan.planner import RATE_CLASSES, class_rates, resident_set
+from ..plan.planner import RATE_CLASSES, dtype_rate, resident_set
 from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
@@ -86,12 +86,11 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
         rates = []
         for planned in graphs[0].plan.devices:
             dev = planned.profile
-            if dtype in RATE_CLASSES:
-                rate = class_rates(dev)[RATE_CLASSES.index(dtype)]
-                note = "" if dtype in dev.flops_by_dtype else " (float32's: not measured)"
+            if dtype == "float32" or (dtype in RATE_CLASSES and dtype in dev.flops_by_dtype):
+                note = ""
             else:
-                rate, note = dev.flops_per_s, "" if dtype == "float32" else " (float32's)"
-            rates.append(f"{dev.name} {format_rate(rate, 'FLOP/s')}{note}")
+                note = " (float32's: not measured)" if dtype in RATE_CLASSES else " (float32's)"
+            rates.append(f"{dev.name} {format_rate(dtype_rate(dev, dtype), 'FLOP/s')}{note}")
         lines.append(
             f"    {dtype}: {_flops(total)} (each graph once); costed at {', '.join(rates)}"
         )
