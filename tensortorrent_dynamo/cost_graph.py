@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import re
 import sys
@@ -56,6 +57,11 @@ class CostNode:
         dtype: the dtype its FLOPs run in (its first floating-point input's, as
             ``"bfloat16"``), ``None`` for a node with no FLOPs: which of a device's compute
             rates it is costed at (``to_native``'s ``rate_classes``).
+        rows: for a matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``linear``,
+            ``matmul``), the rows of its result (its elements over its last dimension:
+            the batch times the tokens of a linear layer), ``None`` for other nodes. A matmul
+            of few rows reads its weight for few FLOPs and runs far below a device's square
+            rate; the planner costs it at the rate measured at that many rows.
     """
 
     name: str
@@ -71,6 +77,7 @@ class CostNode:
     bytes_accessed: int = 0
     last_use: int = 0
     dtype: str | None = None
+    rows: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,17 +283,17 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
         state_movable: bool = False,
-        rate_classes: Sequence[str] = (),
+        rate_classes: Sequence[tuple[str, int | None]] = (),
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
         ``disk_allowed`` which host-RAM ones the planner may move to disk (none when
         omitted). With ``state_movable``, the planner may keep the inputs written in place
         (``state``) on an accelerator between calls; else they stay in host memory, as
-        every other graph input does. A node whose ``dtype`` is ``rate_classes[k]`` is of
-        rate class ``k + 1`` (costed at each device's rate for that dtype), any other of
-        class 0."""
-        classes = {dtype: k + 1 for k, dtype in enumerate(rate_classes)}
+        every other graph input does. A node whose ``(dtype, rows)`` is ``rate_classes[k]`` is
+        of rate class ``k + 1`` (costed at each device's rate for it, see
+        ``plan.planner.rate_keys``), any other of class 0 (the float32 rate)."""
+        classes = {key: k + 1 for k, key in enumerate(rate_classes)}
         movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
         input_ids: list[int] = []
@@ -312,15 +319,16 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
-            node_rate_class=[classes.get(n.dtype or "", 0) for n in self.nodes],
+            node_rate_class=[classes.get((n.dtype or "float32", n.rows), 0) for n in self.nodes],
         )
 
 
 def _node_json(node: CostNode) -> dict[str, Any]:
-    """A node's JSON form; ``dtype`` only where it has one."""
+    """A node's JSON form; ``dtype`` and ``rows`` only where it has them."""
     data = dataclasses.asdict(node)
-    if data["dtype"] is None:
-        del data["dtype"]
+    for optional in ("dtype", "rows"):
+        if data[optional] is None:
+            del data[optional]
     return data
 
 
@@ -371,6 +379,8 @@ def _check(kind: Any, value: object, where: str) -> Any:
         return value
     if kind == str | None:
         return None if value is None else _check(str, value, where)
+    if kind == int | None:
+        return None if value is None else _check(int, value, where)
     if kind == tuple[int, ...]:
         if not isinstance(value, list):
             raise TypeError(f"{where} is {type(value).__name__}, not a list")
@@ -494,6 +504,36 @@ def _flops_dtype(node: torch.fx.Node) -> str | None:
             if leaf.dtype.is_floating_point:
                 return str(leaf.dtype).removeprefix("torch.")
     return None
+
+
+_MATMULS = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.baddbmm.default,
+        torch.ops.aten.linear.default,
+        torch.ops.aten.matmul.default,
+        torch._C._nn.linear,
+        torch.nn.functional.linear,
+        torch.matmul,
+        operator.matmul,
+    }
+)
+"""The ops whose FLOPs are a matmul's, costed by the rows of their result (``CostNode.rows``)."""
+
+
+def _matmul_rows(node: torch.fx.Node, sizes: Mapping[str, int] | None) -> int | None:
+    """The rows of a matmul node's result (its elements over its last dimension), ``None``
+    for another node or a result of unknown shape."""
+    if node.op != "call_function" or node.target not in _MATMULS:
+        return None
+    value = _example(node)
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return None
+    last = size_hint(value.shape[-1], sizes)
+    rows = size_hint(value.numel(), sizes) // last if last else 0
+    return rows if rows > 0 else None
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -663,6 +703,7 @@ class _Builder:
             fallback=fallback,
             read_bytes=read,
             dtype=_flops_dtype(node) if flops > 0 else None,
+            rows=_matmul_rows(node, self.sizes) if flops > 0 else None,
         )
 
     def add(
@@ -677,6 +718,7 @@ class _Builder:
         is_graph_input: bool = False,
         read_bytes: int = 0,
         dtype: str | None = None,
+        rows: int | None = None,
     ) -> None:
         my_id = len(self.nodes)
         value = _example(node)
@@ -706,6 +748,7 @@ class _Builder:
                 "bytes_accessed": read_bytes + alloc,
                 "last_use": my_id,
                 **({"dtype": dtype} if dtype is not None else {}),
+                **({"rows": rows} if rows is not None else {}),
             }
         )
 

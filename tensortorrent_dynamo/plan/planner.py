@@ -8,6 +8,7 @@ objective) and names its answer; the decisions themselves are made in Rust
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import types
@@ -31,25 +32,76 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-RATE_CLASSES = ("bfloat16", "float16")
-"""The dtypes whose FLOPs each device is told a rate of besides float32's (its
-``flops_per_s``, rate class 0, which every other node runs at): a node's rate class is its
-dtype's position here plus one (``CostNode.dtype``), and its rate the device's measured
-matmul rate in that dtype, else the float32 one. A bfloat16 matmul on a CPU with AMX runs
-several times faster than a float32 one, and on a GPU a half-precision one faster still."""
+RATE_DTYPES = ("bfloat16", "float16")
+"""The dtypes whose FLOPs are costed at a device's rate of their own besides float32's (its
+``flops_per_s``), where it was measured: a bfloat16 matmul on a CPU with AMX runs several
+times faster than a float32 one, and on a GPU a half-precision one faster still. The FLOPs
+of any other dtype are costed at the float32 rate."""
+
+RateKey = tuple[str, int | None]
+"""What a node's FLOPs are costed by: their dtype and, for a matmul, the rows of its result
+(``CostNode.dtype``, ``CostNode.rows``). The native planner knows each as a rate class: class
+0 is ``("float32", None)`` (a device's ``flops_per_s``), class ``k + 1`` the graph's
+``rate_keys(...)[k]``, at each device's :func:`node_rate` for it."""
 
 
 def dtype_rate(device: DeviceProfile, dtype: str) -> float:
-    """The rate ``device``'s FLOPs in ``dtype`` are costed at: its measured matmul rate in
-    that dtype for one of :data:`RATE_CLASSES`, else its float32 rate."""
-    if dtype in RATE_CLASSES:
+    """The rate ``device``'s FLOPs in ``dtype`` are costed at outside matmuls of known rows:
+    its measured square-matmul rate in that dtype for one of :data:`RATE_DTYPES`, else its
+    float32 rate."""
+    if dtype in RATE_DTYPES:
         return device.flops_by_dtype.get(dtype, device.flops_per_s)
     return device.flops_per_s
 
 
-def class_rates(device: DeviceProfile) -> list[float]:
-    """``device``'s compute rate for each of :data:`RATE_CLASSES`."""
-    return [dtype_rate(device, dtype) for dtype in RATE_CLASSES]
+def rows_table(device: DeviceProfile, dtype: str) -> Mapping[int, float]:
+    """``device``'s measured matmul rates by rows in ``dtype`` (empty where not measured, or
+    for a dtype costed at float32's rate)."""
+    if dtype != "float32" and dtype not in RATE_DTYPES:
+        return {}
+    return device.flops_by_rows.get(dtype, {})
+
+
+def node_rate(device: DeviceProfile, dtype: str, rows: int | None) -> float:
+    """The rate ``device`` runs FLOPs of ``dtype`` at, in a matmul whose result has ``rows``
+    rows (``None``: not a matmul): interpolated, linearly in log rows and log rate, between
+    the rows the profile measured (``DeviceProfile.flops_by_rows``), the nearest one's
+    beyond them; :func:`dtype_rate` where they were not measured. A linear layer at batch 1
+    reads its whole weight for two FLOPs per weight and runs at a tenth of the square rate
+    or less."""
+    points = sorted(rows_table(device, dtype).items())
+    if rows is None or not points:
+        return dtype_rate(device, dtype)
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (low, low_rate), (high, high_rate) in itertools.pairwise(points):
+        if rows <= high:
+            share = math.log(rows / low) / math.log(high / low)
+            return math.exp(math.log(low_rate) + share * math.log(high_rate / low_rate))
+    return points[-1][1]
+
+
+def rate_keys(
+    graphs: Sequence[CostGraph | None], devices: Sequence[DeviceProfile]
+) -> tuple[RateKey, ...]:
+    """The rate keys of the nodes with FLOPs in ``graphs`` that some of ``devices`` runs at
+    another rate than its float32 one, sorted: the rate classes beyond 0 that
+    ``CostGraph.to_native`` numbers from 1 (any other node is of class 0, so a graph whose
+    FLOPs all run at that rate plans and hashes as it did before classes)."""
+    keys = {
+        (node.dtype or "float32", node.rows)
+        for graph in graphs
+        if graph is not None
+        for node in graph.nodes
+        if node.flops > 0
+    }
+    differ = {k for k in keys if any(node_rate(d, *k) != d.flops_per_s for d in devices)}
+    return tuple(sorted(differ, key=lambda k: (k[0], -1 if k[1] is None else k[1])))
+
+
+def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
+    """``device``'s compute rate for each of ``keys`` (rate classes 1, 2, ...)."""
+    return [node_rate(device, dtype, rows) for dtype, rows in keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,16 +224,20 @@ def planned_devices(
 
 
 def native_device_list(
-    devices: Sequence[PlannedDevice], profile: HostProfile, has_params: bool
+    devices: Sequence[PlannedDevice],
+    profile: HostProfile,
+    has_params: bool,
+    keys: Sequence[RateKey] = (),
 ) -> list[_planner.Device]:
-    """The devices as the native planner takes them (host first)."""
+    """The devices as the native planner takes them (host first), with a rate for each of
+    a graph's rate ``keys`` (:func:`rate_keys`)."""
     planner = native_planner()
     return [
         planner.Device(
             name=d.name,
             is_host=d.profile.is_host,
             flops_per_s=d.profile.flops_per_s,
-            class_flops_per_s=class_rates(d.profile),
+            class_flops_per_s=class_rates(d.profile, keys),
             budget_bytes=d.budget_bytes,
             # the host has no link to itself: its rates are never used
             h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,
@@ -220,7 +276,10 @@ def plan_graph(
     """
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
-    native_devices = native_device_list(devices, profile, bool(cost.params))
+    keys = rate_keys(
+        [cost, split.cost if split is not None else None], [d.profile for d in devices]
+    )
+    native_devices = native_device_list(devices, profile, bool(cost.params), keys)
     log.debug(
         "planning graph %d: %d nodes, %d params, devices %s, host compute %s",
         graph_index,
@@ -238,7 +297,7 @@ def plan_graph(
             homes,
             disk_allowed=[True] * len(graph.params),
             state_movable=movable,
-            rate_classes=RATE_CLASSES,
+            rate_classes=keys,
         )
 
     whole = native_graph(cost)
@@ -262,7 +321,9 @@ def plan_graph(
         decisions, source = plan_cache.lookup(entry), "the plan cache"
     native = None
     if decisions is not None:
-        native = _replay(planner, cost, split, native_devices, settings, host_compute, decisions)
+        native = _replay(
+            planner, cost, split, native_devices, settings, host_compute, decisions, keys
+        )
         if native is not None:
             chose_split = decisions.split
             log.info(
@@ -357,15 +418,17 @@ def replay_decisions(
     settings: Settings,
     host_compute: bool,
     decisions: Decisions,
+    keys: Sequence[RateKey] = (),
 ) -> _planner.Plan:
     """The native plan ``decisions`` make on ``graph`` (the graph they were made for, or
-    one costed otherwise), rebuilt without searching; raises ``InvalidPlacement`` or
-    ``PlanInfeasible`` where they do not apply."""
+    one costed otherwise), rebuilt without searching; ``devices`` hold a rate for each of
+    ``keys``, the rate keys of ``graph`` (or of several graphs ``graph`` is one of). Raises
+    ``InvalidPlacement`` or ``PlanInfeasible`` where they do not apply."""
     native = native_planner().replay(
         graph.to_native(
             list(decisions.param_home),
             state_movable=state_movable(devices),
-            rate_classes=RATE_CLASSES,
+            rate_classes=keys,
         ),
         devices,
         name=decisions.chosen,
@@ -390,6 +453,7 @@ def _replay(
     settings: Settings,
     host_compute: bool,
     decisions: Decisions,
+    keys: Sequence[RateKey],
 ) -> _planner.Plan | None:
     """The plan ``decisions`` make, rebuilt without searching; ``None`` (with a warning)
     when they no longer apply or give another plan."""
@@ -398,7 +462,7 @@ def _replay(
         log.warning("recorded decisions are for a split graph this one does not have: searching")
         return None
     try:
-        native = replay_decisions(graph, devices, settings, host_compute, decisions)
+        native = replay_decisions(graph, devices, settings, host_compute, decisions, keys)
     except (InvalidPlacement, PlanInfeasible) as exc:
         log.warning("recorded decisions do not replay (%s): searching", exc)
         return None

@@ -21,7 +21,13 @@ from ..errors import PlanInfeasible
 from ..profile import HostProfile
 from ..settings import Settings
 from .decisions import Decisions
-from .planner import GraphPlan, native_device_list, planned_devices, replay_decisions
+from .planner import (
+    GraphPlan,
+    native_device_list,
+    planned_devices,
+    rate_keys,
+    replay_decisions,
+)
 
 # the batch multiples the sweep simulates
 FACTORS = (1, 2, 4, 8, 16, 32, 64)
@@ -52,9 +58,9 @@ def batch_of(cost: CostGraph) -> int | None:
 
 
 def scaled(cost: CostGraph, factor: int) -> CostGraph:
-    """``cost`` at ``factor`` times its batch: every node's value, FLOPs and reads of other
-    values ``factor`` times larger; its reads of parameters and the parameters as they
-    are."""
+    """``cost`` at ``factor`` times its batch: every node's value, FLOPs, matmul rows and
+    reads of other values ``factor`` times larger; its reads of parameters and the
+    parameters as they are."""
     param_reads = [0] * len(cost.nodes)
     for param in cost.params:
         for user in set(param.users):
@@ -63,6 +69,7 @@ def scaled(cost: CostGraph, factor: int) -> CostGraph:
         dataclasses.replace(
             node,
             flops=node.flops * factor,
+            rows=None if node.rows is None else node.rows * factor,
             out_bytes=node.out_bytes * factor,
             bytes_accessed=param_reads[i] + max(0, node.bytes_accessed - param_reads[i]) * factor,
         )
@@ -84,14 +91,14 @@ def batch_sweep(
     if batch is None:
         return []
     _, host_compute = planned_devices(profile, settings, {})
-    devices = native_device_list(plan.devices, profile, bool(plan.cost.params))
     decisions = Decisions.of(plan.native, plan.split)
     points = []
     for factor in factors:
+        graph = scaled(plan.cost, factor)
+        keys = rate_keys([graph], [d.profile for d in plan.devices])
+        devices = native_device_list(plan.devices, profile, bool(plan.cost.params), keys)
         try:
-            step = replay_decisions(
-                scaled(plan.cost, factor), devices, settings, host_compute, decisions
-            )
+            step = replay_decisions(graph, devices, settings, host_compute, decisions, keys)
         except PlanInfeasible:
             points.append(BatchPoint(batch * factor, None))
             continue

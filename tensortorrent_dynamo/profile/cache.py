@@ -93,6 +93,12 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
             "(measured before the short profile measured it)"
         )
         return CacheLookup(path, None, problem)
+    if _missing_rows(measurements):
+        problem = (
+            f"the cached profile {path} has no CPU matmul rates by rows "
+            "(measured before the short profile measured them)"
+        )
+        return CacheLookup(path, None, problem)
     return CacheLookup(path, measurements)
 
 
@@ -105,6 +111,13 @@ def _missing_dtypes(measurements: Measurements) -> list[str]:
     names = [dtype_name(d) for d in BUDGETS["short"].dtypes]
     # an older short profile lists the dtype as not measured (a failed one has another note)
     return [n for n in names if n not in cpu.matmul or cpu.matmul[n].note == SHORT_NOTE]
+
+
+def _missing_rows(measurements: Measurements) -> bool:
+    """Whether ``measurements``, a cached short profile, lacks the CPU's matmul rates by rows
+    (a profile measured before they were)."""
+    cpu = measurements.device("cpu")
+    return measurements.mode == "short" and cpu is not None and not cpu.matmul_rows
 
 
 def save(measurements: Measurements) -> Path:

@@ -45,6 +45,11 @@ class DeviceProfile:
     latency_s: float
     flops_by_dtype: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     memory_bandwidth_bytes_per_s: float | None = None
+    flops_by_rows: Mapping[str, Mapping[int, float]] = dataclasses.field(
+        default_factory=dict, hash=False
+    )
+    """The measured rate of a matmul of few rows, by dtype then rows
+    (``DeviceFigures.matmul_rows``); the planner interpolates it (``plan.planner.node_rate``)."""
 
     @property
     def is_host(self) -> bool:
@@ -60,6 +65,11 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
     if dev is None:
         raise ValueError(f"profile has no device {name!r}")
     flops = {dtype: f.value for dtype, f in dev.matmul.items() if f.value is not None}
+    by_rows = {
+        dtype: {rows: f.value for rows, f in figures.items() if f.value is not None}
+        for dtype, figures in dev.matmul_rows.items()
+    }
+    by_rows = {dtype: table for dtype, table in by_rows.items() if table}
     if dev.kind == "cpu":
         return DeviceProfile(
             name=name,
@@ -72,6 +82,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
             latency_s=_value(dev.op_latency.value, NOMINAL_CPU_LATENCY_S),
             flops_by_dtype=flops,
             memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
+            flops_by_rows=by_rows,
         )
     h2d, d2h = m.link("h2d pinned", "cpu", name), m.link("d2h pinned", name, "cpu")
     return DeviceProfile(
@@ -84,6 +95,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
         latency_s=_value(dev.op_latency.value, NOMINAL_CUDA_LATENCY_S),
         flops_by_dtype=flops,
         memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
+        flops_by_rows=by_rows,
     )
 
 

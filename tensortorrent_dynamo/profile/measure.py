@@ -54,6 +54,9 @@ class Budget:
     disk_reads: int
     disk_budget_s: float
     dtypes: tuple[torch.dtype, ...]
+    matmul_rows: tuple[int, ...]
+    """The rows of the few-row matmul figures (``matmul_rows_flops``), below the square size
+    (the matmul size of the mode), which is measured so too."""
 
 
 BUDGETS: dict[Mode, Budget] = {
@@ -73,6 +76,7 @@ BUDGETS: dict[Mode, Budget] = {
         disk_budget_s=0.0,
         # bfloat16 too: the dtype most large models run in, at a rate of its own
         dtypes=(torch.float32, torch.bfloat16),
+        matmul_rows=(1, 16, 256),
     ),
     "quick": Budget(
         repeats=5,
@@ -89,6 +93,7 @@ BUDGETS: dict[Mode, Budget] = {
         disk_reads=200,
         disk_budget_s=3.0,
         dtypes=DTYPES,
+        matmul_rows=(1, 4, 16, 64, 256),
     ),
     "full": Budget(
         repeats=7,
@@ -105,6 +110,7 @@ BUDGETS: dict[Mode, Budget] = {
         disk_reads=1000,
         disk_budget_s=20.0,
         dtypes=DTYPES,
+        matmul_rows=(1, 4, 16, 64, 256),
     ),
 }
 
@@ -214,6 +220,51 @@ def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
         method=(
             f"torch.mm of two {n}x{n} {name} matrices, 2*n^3 FLOP / {_how(budget, calls)}"
             f"{_threads(device)}{precision}"
+        ),
+    )
+
+
+# Bytes of weights a few-row matmul figure cycles through: more than a CPU's or a GPU's
+# caches hold, so that each call reads its weight from memory, as a model's layers do.
+ROWS_WEIGHT_BYTES = {"cpu": 64 * _MIB, "cuda": 256 * _MIB}
+
+
+def matmul_rows_sizes(device: str, budget: Budget) -> tuple[int, ...]:
+    """The rows the few-row matmul figures of ``device`` are measured at: the mode's, then
+    the square size, the same way (the weights too large for the caches)."""
+    n = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    return (*(r for r in budget.matmul_rows if r < n), n)
+
+
+def matmul_rows_flops(device: str, dtype: torch.dtype, rows: int, budget: Budget) -> Figure:
+    """FLOP/s of ``torch.mm`` of a ``rows`` x n matrix by n x n weights, transposed as a
+    linear layer's are (2*rows*n^2 FLOP per call), each call the next of enough weights to
+    exceed the caches: at few rows a matmul reads its weight for few FLOPs and runs far
+    below the square rate (on the 2-core development machine, float32 at 1 row ran at 17-21
+    GFLOP/s, at 16 rows at 75-90, square at 230-290)."""
+    name = dtype_name(dtype)
+    n = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    kind = "cpu" if device == "cpu" else "cuda"
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
+    # laid out as a linear layer's weight (out x in), which it multiplies transposed
+    weights = [torch.randn(n, n, device=device).to(dtype).t() for _ in range(copies)]
+    a = torch.randn(rows, n, device=device).to(dtype)
+    out = torch.empty(rows, n, device=device, dtype=dtype)
+    turn = [0]
+
+    def call() -> None:
+        torch.mm(a, weights[turn[0]], out=out)
+        turn[0] = (turn[0] + 1) % copies
+
+    per_call, calls = time_per_call(call, _sync((device,)), budget)
+    return Figure(
+        value=2 * rows * n * n / per_call,
+        unit="FLOP/s",
+        method=(
+            f"torch.mm of a {rows}x{n} {name} matrix by {copies} transposed {n}x{n} ones in turn "
+            f"({format_bytes(copies * n * n * itemsize)} of weights), 2*rows*n^2 FLOP / "
+            f"{_how(budget, calls)}{_threads(device)}"
         ),
     )
 
@@ -411,7 +462,19 @@ def _device_figures(name: str, results: dict[tuple[str, ...], Figure]) -> Device
         matmul=_flag_slow(matmul, name),
         memory_bandwidth=results[("bandwidth", name)],
         op_latency=results[("latency", name)],
+        matmul_rows=_rows_results(name, results),
     )
+
+
+def _rows_results(
+    name: str, results: dict[tuple[str, ...], Figure]
+) -> dict[str, dict[int, Figure]]:
+    """The few-row matmul figures of device ``name`` among ``results``, by dtype and rows."""
+    out: dict[str, dict[int, Figure]] = {}
+    for key, fig in results.items():
+        if key[0] == "matmul_rows" and key[1] == name:
+            out.setdefault(key[2], {})[int(key[3])] = fig
+    return out
 
 
 def _load_figure() -> Figure:
@@ -447,6 +510,11 @@ def measure_host(
             run = functools.partial(matmul_flops, dev, dt, budget)
             key = ("matmul", dev, dtype_name(dt))
             steps.append(_Step(key, f"{dev} matmul {dtype_name(dt)}", "FLOP/s", run))
+            for rows in matmul_rows_sizes(dev, budget):
+                run = functools.partial(matmul_rows_flops, dev, dt, rows, budget)
+                label = f"{dev} matmul {dtype_name(dt)} at {rows} rows"
+                rows_key = ("matmul_rows", dev, dtype_name(dt), str(rows))
+                steps.append(_Step(rows_key, label, "FLOP/s", run))
         run = functools.partial(memory_bandwidth, dev, budget)
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
         run = functools.partial(op_latency, dev, budget)

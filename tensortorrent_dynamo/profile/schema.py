@@ -142,6 +142,11 @@ class DeviceFigures:
     """FLOP/s of a square matmul, by dtype name (``float32``, ``bfloat16``, ``float16``)."""
     memory_bandwidth: Figure
     op_latency: Figure
+    matmul_rows: Mapping[str, Mapping[int, Figure]] = dataclasses.field(default_factory=dict)
+    """FLOP/s of a matmul of few rows by a square weight (``[rows, n] @ [n, n]``, the weights
+    too large for the caches), by dtype name then rows: a linear layer at a small batch reads
+    its weight for few FLOPs and runs far below the square rate. Empty in profiles measured
+    before it was."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +157,10 @@ class DeviceFigures:
             "matmul": {dtype: fig.to_dict() for dtype, fig in self.matmul.items()},
             "memory_bandwidth": self.memory_bandwidth.to_dict(),
             "op_latency": self.op_latency.to_dict(),
+            "matmul_rows": {
+                dtype: {str(rows): fig.to_dict() for rows, fig in by_rows.items()}
+                for dtype, by_rows in self.matmul_rows.items()
+            },
         }
 
     @classmethod
@@ -168,7 +177,22 @@ class DeviceFigures:
                 data.get("memory_bandwidth"), f"{where}.memory_bandwidth"
             ),
             op_latency=Figure.from_dict(data.get("op_latency"), f"{where}.op_latency"),
+            matmul_rows=_rows_figures(data.get("matmul_rows", {}), f"{where}.matmul_rows"),
         )
+
+
+def _rows_figures(raw: object, where: str) -> dict[str, dict[int, Figure]]:
+    """``DeviceFigures.matmul_rows`` from its JSON form (rows as decimal strings)."""
+    out: dict[str, dict[int, Figure]] = {}
+    for dtype, by_rows in _mapping(raw, where).items():
+        at = f"{where}.{dtype}"
+        figures: dict[int, Figure] = {}
+        for rows, fig in _mapping(by_rows, at).items():
+            if not (isinstance(rows, str) and rows.isdigit() and int(rows) > 0):
+                raise ValueError(f"{at}: {rows!r} is not a number of rows")
+            figures[int(rows)] = Figure.from_dict(fig, f"{at}.{rows}")
+        out[str(dtype)] = figures
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,13 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..plan.planner import RATE_CLASSES, dtype_rate, resident_set
+from ..plan.planner import (
+    RATE_DTYPES,
+    RateKey,
+    dtype_rate,
+    node_rate,
+    resident_set,
+    rows_table,
+)
 from ..plan.throughput import batch_sweep, compute_bound_from
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
 from .fidelity import union_s
 
 if TYPE_CHECKING:
+    from ..profile import DeviceProfile
     from ..session import CompiledGraph
 
 
@@ -71,30 +79,61 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
     return lines
 
 
+# the row counts of a dtype's matmuls explain() names per device, the most FLOPs first
+RATE_ROWS_SHOWN = 3
+
+
 def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
-    """Which compute rate the FLOPs of each dtype were costed at, per device (the
-    "compute" column is the float32 rate)."""
-    flops: dict[str, float] = {}
+    """Which compute rate the FLOPs of each dtype, and of matmuls of each count of rows,
+    were costed at, per device (the "compute" column is the float32 square-matmul rate);
+    nothing for float32 FLOPs all costed at that."""
+    flops: dict[RateKey, float] = {}
     for graph in graphs:
         for node in graph.plan.cost.nodes:
-            if node.dtype is not None and node.flops > 0:
-                flops[node.dtype] = flops.get(node.dtype, 0.0) + node.flops
-    if not flops or set(flops) == {"float32"}:
+            if node.flops > 0:
+                key = (node.dtype or "float32", node.rows)
+                flops[key] = flops.get(key, 0.0) + node.flops
+    devices = [planned.profile for planned in graphs[0].plan.devices]
+    if all(
+        key[0] == "float32" and node_rate(dev, *key) == dev.flops_per_s
+        for key in flops
+        for dev in devices
+    ):
         return []
+    by_dtype: dict[str, dict[int | None, float]] = {}
+    for (dtype, rows), total in flops.items():
+        by_dtype.setdefault(dtype, {})[rows] = total
     lines = ["  FLOPs by dtype, and the rate each device's are costed at:"]
-    for dtype, total in sorted(flops.items(), key=lambda item: -item[1]):
-        rates = []
-        for planned in graphs[0].plan.devices:
-            dev = planned.profile
-            if dtype == "float32" or (dtype in RATE_CLASSES and dtype in dev.flops_by_dtype):
-                note = ""
-            else:
-                note = " (float32's: not measured)" if dtype in RATE_CLASSES else " (float32's)"
-            rates.append(f"{dev.name} {format_rate(dtype_rate(dev, dtype), 'FLOP/s')}{note}")
+    for dtype, by_rows in sorted(by_dtype.items(), key=lambda item: -sum(item[1].values())):
+        rates = [_device_rates(dev, dtype, by_rows) for dev in devices]
         lines.append(
-            f"    {dtype}: {_flops(total)} (each graph once); costed at {', '.join(rates)}"
+            f"    {dtype}: {_flops(sum(by_rows.values()))} (each graph once); costed at "
+            f"{'; '.join(rates)}"
         )
     return lines
+
+
+def _device_rates(dev: DeviceProfile, dtype: str, by_rows: dict[int | None, float]) -> str:
+    """The rates ``dev``'s FLOPs of ``dtype`` were costed at: one, or one per count of rows
+    of its matmuls (``by_rows``: FLOPs by rows) where the profile measured rates by rows."""
+    if dtype == "float32" or (dtype in RATE_DTYPES and dtype in dev.flops_by_dtype):
+        note = ""
+    else:
+        note = " (float32's: not measured)" if dtype in RATE_DTYPES else " (float32's)"
+    matmuls = sorted(((f, r) for r, f in by_rows.items() if r is not None), reverse=True)
+    if not rows_table(dev, dtype) or not matmuls:
+        return f"{dev.name} {format_rate(dtype_rate(dev, dtype), 'FLOP/s')}{note}"
+    parts = [
+        f"{format_rate(node_rate(dev, dtype, rows), 'FLOP/s')} at {rows} rows ({_flops(f)})"
+        for f, rows in matmuls[:RATE_ROWS_SHOWN]
+    ]
+    if len(matmuls) > RATE_ROWS_SHOWN:
+        rest = sum(f for f, _ in matmuls[RATE_ROWS_SHOWN:])
+        parts.append(f"{len(matmuls) - RATE_ROWS_SHOWN} more row counts ({_flops(rest)})")
+    if None in by_rows:
+        rate = format_rate(dtype_rate(dev, dtype), "FLOP/s")
+        parts.append(f"{rate} elsewhere ({_flops(by_rows[None])})")
+    return f"{dev.name} matmuls {', '.join(parts)}"
 
 
 def _explain_disk(graph: CompiledGraph) -> list[str]:

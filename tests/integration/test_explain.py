@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 
 import expecttest
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.profile import resolve
+from tensortorrent_dynamo.profile.schema import Figure
 from tests.models import mlp
 
 
@@ -102,4 +106,24 @@ def test_explain_names_the_rate_each_dtypes_flops_are_costed_at() -> None:
     assert lines[start + 1] == (
         "    bfloat16: 24.58 kFLOP (each graph once); "
         "costed at cpu 50.00 GFLOP/s (float32's: not measured)"
+    )
+
+
+def test_explain_names_the_rate_of_each_count_of_matmul_rows(tmp_path: Path) -> None:
+    m = resolve.nominal_measurements()
+    rates = {1: 1e9, 4: 4e9, 64: 2e10}
+    cpu = dataclasses.replace(
+        m.devices[0],
+        matmul_rows={"float32": {r: Figure(v, "FLOP/s", "test") for r, v in rates.items()}},
+    )
+    path = tmp_path / "profile.json"
+    path.write_text(dataclasses.replace(m, devices=(cpu, *m.devices[1:])).to_json())
+    torch._dynamo.reset()
+    model, x = mlp(32, 3), torch.randn(4, 32)
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile=str(path))
+    lines = compiled.explain().splitlines()
+    start = lines.index("  FLOPs by dtype, and the rate each device's are costed at:")
+    assert lines[start + 1] == (
+        "    float32: 24.58 kFLOP (each graph once); "
+        "costed at cpu matmuls 4.00 GFLOP/s at 4 rows (24.58 kFLOP)"
     )

@@ -86,3 +86,15 @@ def test_nodes_with_flops_carry_their_dtype_and_its_rate_class() -> None:
     (f32,) = capture(mlp(16, 2), torch.randn(4, 16))
     assert {n.dtype for n in f32.nodes if n.flops > 0} == {"float32"}
     assert f32.digest() != graph.digest()
+
+
+def test_matmul_nodes_carry_the_rows_of_their_result() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    (graph,) = capture(model, torch.randn(3, 5, 16))
+    matmuls = [n for n in graph.nodes if n.flops > 0]
+    assert len(matmuls) == 2 and all(n.rows == 15 for n in matmuls), matmuls
+    assert all(n.rows is None for n in graph.nodes if n.flops == 0)
+    again = CostGraph.from_json(json.loads(json.dumps(graph.to_json())))
+    assert again == graph, "the rows survive the file"
+    node = next(n for n in graph.to_json()["nodes"] if n.get("rows") is None)
+    assert "rows" not in node, "kept only where set"

@@ -4,21 +4,25 @@ the profile did not measure runs at the float32 rate."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tensortorrent_dynamo._native import native_planner
 from tensortorrent_dynamo.plan.planner import (
-    RATE_CLASSES,
     PlannedDevice,
     class_rates,
     native_device_list,
+    node_rate,
+    rate_keys,
 )
 from tensortorrent_dynamo.profile import DeviceProfile, HostProfile
 from tests.models import mlp
 from tests.unit.cost_graph.test_cost_graph import capture
 
 
-def _host(bf16_rate: float | None) -> DeviceProfile:
+def _host(
+    bf16_rate: float | None, by_rows: dict[str, dict[int, float]] | None = None
+) -> DeviceProfile:
     rates = {"float32": 1e9, **({"bfloat16": bf16_rate} if bf16_rate else {})}
     return DeviceProfile(
         name="cpu",
@@ -29,24 +33,56 @@ def _host(bf16_rate: float | None) -> DeviceProfile:
         d2h_bytes_per_s=float("inf"),
         latency_s=0.0,
         flops_by_dtype=rates,
+        flops_by_rows=by_rows or {},
     )
 
 
-def _predicted(bf16_rate: float | None) -> float:
-    model = mlp(512, 2).to(torch.bfloat16)
-    (graph,) = capture(model, torch.randn(64, 512, dtype=torch.bfloat16))
-    host = _host(bf16_rate)
+def _predicted(
+    bf16_rate: float | None,
+    by_rows: dict[str, dict[int, float]] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    batch: int = 64,
+) -> float:
+    model = mlp(512, 2).to(dtype)
+    (graph,) = capture(model, torch.randn(batch, 512, dtype=dtype))
+    host = _host(bf16_rate, by_rows)
     profile = HostProfile(devices=(host,), source="test")
-    devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, has_params=True)
-    native = native_planner().plan(
-        graph.to_native(rate_classes=RATE_CLASSES), devices, "latency", True
-    )
+    keys = rate_keys([graph], [host])
+    devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, True, keys)
+    native = native_planner().plan(graph.to_native(rate_classes=keys), devices, "latency", True)
     return float(native.predicted_time_s)
 
 
 def test_a_devices_rate_per_dtype_is_what_its_nodes_are_costed_at() -> None:
-    assert class_rates(_host(4e9)) == [4e9, 1e9], "float16 unmeasured: float32's"
+    keys = [("bfloat16", None), ("float16", None)]
+    assert class_rates(_host(4e9), keys) == [4e9, 1e9], "float16 unmeasured: float32's"
     unmeasured, measured = _predicted(None), _predicted(4e9)
     flops = 2 * 2 * 64 * 512 * 512
     assert unmeasured >= flops / 1e9
     assert measured < unmeasured / 3, (measured, unmeasured)
+
+
+ROWS = {"float32": {1: 1e7, 16: 1.6e8, 256: 1e9}}
+
+
+def test_a_matmuls_rate_is_interpolated_in_the_rates_measured_by_rows() -> None:
+    host = _host(None, ROWS)
+    assert node_rate(host, "float32", 1) == 1e7
+    assert node_rate(host, "float32", 4) == pytest.approx(4e7), "log-log: rate ~ rows here"
+    assert node_rate(host, "float32", 16) == pytest.approx(1.6e8)
+    assert node_rate(host, "float32", 4096) == 1e9, "beyond the last measured: the last"
+    assert node_rate(host, "float32", None) == 1e9, "not a matmul: the square rate"
+    assert node_rate(host, "bfloat16", 4) == 1e9, "no bfloat16 rows measured: float32's"
+    assert node_rate(_host(None), "float32", 4) == 1e9, "no rows measured: the square rate"
+
+
+def test_a_small_batch_matmul_is_costed_at_the_rate_of_its_rows() -> None:
+    model = mlp(512, 2)
+    (graph,) = capture(model, torch.randn(4, 512))
+    assert {n.rows for n in graph.nodes if n.flops > 0} == {4}
+    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4),)
+    assert rate_keys([graph], [_host(None)]) == (), "every FLOP at the float32 rate"
+    square = _predicted(None, dtype=torch.float32, batch=4)
+    by_rows = _predicted(None, ROWS, dtype=torch.float32, batch=4)
+    # at 4 rows the matmuls run at 4e7 FLOP/s, 25x below the square rate
+    assert by_rows > 20 * square, (by_rows, square)

@@ -12,7 +12,7 @@ import pytest
 
 from tensortorrent_dynamo.profile import NOMINAL_CPU_FLOPS, cache, measure, resolve
 from tensortorrent_dynamo.profile.detect import current_fingerprint, detect_cuda_devices
-from tensortorrent_dynamo.profile.schema import Fingerprint, Measurements
+from tensortorrent_dynamo.profile.schema import Figure, Fingerprint, Measurements
 from tensortorrent_dynamo.settings import parse_options
 
 AUTO = parse_options({"profile": "auto"})
@@ -42,6 +42,7 @@ def measure_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
                     m.devices[0].matmul["float32"], value=1.5e11, method="fake"
                 ),
             },
+            matmul_rows={"float32": {1: Figure(2e10, "FLOP/s", "fake")}},
         )
         return dataclasses.replace(m, mode="short", devices=(cpu, *m.devices[1:]))
 
@@ -142,6 +143,25 @@ def test_a_short_profile_cached_before_it_measured_bfloat16_is_measured_again(
     assert profile.source == "measured now"
     assert "no CPU bfloat16 matmul rate" in caplog.text
     assert "bfloat16" in Measurements.from_json(path.read_text()).devices[0].matmul
+
+
+def test_a_short_profile_cached_before_it_measured_rates_by_rows_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    old = json.loads(path.read_text())
+    assert old["devices"][0]["matmul_rows"] == {
+        "float32": {"1": {"value": 2e10, "unit": "FLOP/s", "method": "fake"}}
+    }
+    del old["devices"][0]["matmul_rows"]  # as an older short profile wrote it
+    path.write_text(json.dumps(old))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "no CPU matmul rates by rows" in caplog.text
+    assert profile.devices[0].flops_by_rows == {"float32": {1: 2e10}}
 
 
 def test_unwritable_cache_measures_once_per_process(
