@@ -80,7 +80,9 @@ class Device:
     ``mem_bytes_per_s`` (device-memory bandwidth) and ``disk_bytes_per_s`` (disk read
     rate, used on the host) default to infinity: not modelled. ``class_flops_per_s``
     holds the compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
-    class 0 and the classes it does not list run at ``flops_per_s``.
+    class 0 and the classes it does not list run at ``flops_per_s``. ``disk_latency_s`` is
+    the fixed cost of each disk read beyond its bytes over ``disk_bytes_per_s`` (used on the
+    host; 0, the default, is not modelled).
     """
 
     def __new__(
@@ -96,6 +98,7 @@ class Device:
         mem_bytes_per_s: float = ...,
         disk_bytes_per_s: float = ...,
         class_flops_per_s: Sequence[float] = ...,
+        disk_latency_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -128,6 +131,9 @@ class Device:
     @property
     def disk_bytes_per_s(self) -> float:
         """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
+    @property
+    def disk_latency_s(self) -> float:
+        """Fixed cost of each disk read in seconds, used on the host (0: not modelled)."""
 
 @final
 class Candidate:

@@ -251,6 +251,9 @@ def native_device_list(
                 if d.profile.is_host and has_params
                 else math.inf
             ),
+            disk_latency_s=(
+                profile.planned_disk_latency_s if d.profile.is_host and has_params else 0.0
+            ),
         )
         for d in devices
     ]

@@ -129,8 +129,8 @@ def auto_profile() -> HostProfile:
     else:
         log.info("%s", found.problem)
     log.info(
-        "measuring a short host profile (CPU float32 and bfloat16 matmul, memory bandwidth, "
-        "per-op cost)"
+        "measuring a short host profile (CPU float32 and bfloat16 matmul, square and by rows, "
+        "memory bandwidth, per-op cost)"
     )
     started = time.perf_counter()
     measured = measure_host("short")

@@ -147,10 +147,13 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
     rate = graph.profile.planned_disk_read_bytes_per_s
+    latency = graph.profile.planned_disk_latency_s
+    planned = len(read) * latency + read_bytes / rate
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
-        f"planned read time {format_seconds(read_bytes / rate)} at {format_rate(rate, 'B/s')}"
+        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
+        f"{format_seconds(latency)} a read"
     ]
     if graph.chunks is not None:
         chunked = graph.chunks

@@ -38,7 +38,9 @@ def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None
     compiled = _compile(model, x, tmp_path, budgets={"cpu": budget})
     plan = compiled.graphs[0].plan
     assert all(r.on_disk for r in plan.residency)
-    assert plan.native.chosen == "all-on-cpu/knapsack"
+    # with or without reads ahead (which costs a weight kept): the disk's per-read cost
+    # decides, at these small weights
+    assert plan.native.chosen.startswith("all-on-cpu/knapsack")
     assert plan.predicted_peak("cpu") <= budget
     streamed = [i for i in range(len(plan.cost.params)) if plan.residency[i].streams]
     kept = [i for i in range(len(plan.cost.params)) if not plan.residency[i].streams]

@@ -25,6 +25,7 @@ impl PyDevice {
         mem_bytes_per_s = f64::INFINITY,
         disk_bytes_per_s = f64::INFINITY,
         class_flops_per_s = Vec::new(),
+        disk_latency_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -37,6 +38,7 @@ impl PyDevice {
         mem_bytes_per_s: f64,
         disk_bytes_per_s: f64,
         class_flops_per_s: Vec<f64>,
+        disk_latency_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -50,6 +52,7 @@ impl PyDevice {
                 latency_s,
                 mem_bytes_per_s,
                 disk_bytes_per_s,
+                disk_latency_s,
             },
         }
     }
@@ -116,12 +119,19 @@ impl PyDevice {
         self.inner.disk_bytes_per_s
     }
 
+    /// Fixed cost of each disk read in seconds, used on the host (0: not
+    /// modelled).
+    #[getter]
+    fn disk_latency_s(&self) -> f64 {
+        self.inner.disk_latency_s
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -137,6 +147,11 @@ impl PyDevice {
                 let rates: Vec<String> =
                     d.class_flops_per_s.iter().map(|&r| float_repr(r)).collect();
                 format!(", class_flops_per_s=[{}]", rates.join(", "))
+            },
+            if d.disk_latency_s > 0.0 {
+                format!(", disk_latency_s={}", float_repr(d.disk_latency_s))
+            } else {
+                String::new()
             }
         )
     }

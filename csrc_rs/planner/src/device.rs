@@ -34,6 +34,10 @@ pub struct Device {
     /// used: parameters whose home is disk are read into host memory).
     /// Infinite means "not modelled".
     pub disk_bytes_per_s: f64,
+    /// Fixed cost of each read from the disk tier, in seconds, beyond its
+    /// bytes over `disk_bytes_per_s` (the request's latency and the reader's
+    /// hand-offs; only the host's is used). 0 means "not modelled".
+    pub disk_latency_s: f64,
 }
 
 impl Device {
@@ -60,7 +64,15 @@ impl Device {
             latency_s,
             mem_bytes_per_s: f64::INFINITY,
             disk_bytes_per_s: f64::INFINITY,
+            disk_latency_s: 0.0,
         }
+    }
+
+    /// Seconds this device (the host) needs to read a parameter of `bytes`
+    /// from the disk tier: its fixed cost plus the bytes over the read rate.
+    #[must_use]
+    pub fn disk_read_time(&self, bytes: f64) -> f64 {
+        self.disk_latency_s + bytes / self.disk_bytes_per_s
     }
 
     /// The compute rate of rate class `class` (see `class_flops_per_s`).
@@ -150,11 +162,16 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
                 d.name
             )));
         }
-        if !(d.latency_s.is_finite() && d.latency_s >= 0.0) {
-            return Err(invalid(format!(
-                "device {i} ({:?}) has latency_s = {}; it must be finite and non-negative",
-                d.name, d.latency_s
-            )));
+        for (field, value) in [
+            ("latency_s", d.latency_s),
+            ("disk_latency_s", d.disk_latency_s),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(invalid(format!(
+                    "device {i} ({:?}) has {field} = {value}; it must be finite and non-negative",
+                    d.name
+                )));
+            }
         }
         let rates: &[(&str, f64)] = if d.is_host {
             // The host's own copy rates are never used.

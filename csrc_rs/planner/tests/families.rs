@@ -366,6 +366,40 @@ fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
 }
 
 #[test]
+fn each_disk_read_costs_its_fixed_latency_too() {
+    // The plan of the test above, each of its disk reads also paying 10 ms:
+    // the disk's busy time grows by 10 ms per weight read, the plan's hash
+    // with it, and a latency of 0 plans as before.
+    let g = deep_mlp(16)
+        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
+        .unwrap();
+    let mut cpu = host(GIB / 2);
+    cpu.flops_per_s = 1e11;
+    cpu.mem_bytes_per_s = 2e10;
+    cpu.disk_bytes_per_s = 1e9;
+    let base = Planner::new(Objective::Latency)
+        .run(&g, &[cpu.clone()])
+        .unwrap();
+    cpu.disk_latency_s = 0.01;
+    let slow = Planner::new(Objective::Latency)
+        .run(&g, &[cpu.clone()])
+        .unwrap();
+    let read = |p: &tensortorrent_planner::Plan| p.param_streamed.iter().filter(|&&s| s).count();
+    // the disk is the busiest resource: the lower bound is its busy time
+    let disk = |p: &tensortorrent_planner::Plan| p.lower_bound_s;
+    assert_eq!(read(&slow), read(&base), "{:?}", slow.candidates);
+    let extra = disk(&slow) - disk(&base);
+    assert!((extra - 0.01 * read(&slow) as f64).abs() < 1e-9, "{extra}");
+    assert_ne!(slow.plan_hash, base.plan_hash);
+    cpu.disk_latency_s = 0.0;
+    let again = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    assert_eq!(again.plan_hash, base.plan_hash);
+    cpu = host(GIB / 2);
+    cpu.disk_latency_s = f64::NAN;
+    assert!(Planner::new(Objective::Latency).run(&g, &[cpu]).is_err());
+}
+
+#[test]
 fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
     // Room for 7 weights and one read buffer, not two: reading each weight
     // when its layer starts keeps 7 in memory and reads 9, where a double

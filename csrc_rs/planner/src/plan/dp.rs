@@ -55,21 +55,28 @@ impl<'a> Costs<'a> {
     pub(crate) fn new(g: &'a CostGraph, devices: &'a [Device], free: &[bool]) -> Self {
         let n = g.num_nodes();
         let nd = devices.len();
-        let disk_rate = devices[HOST as usize].disk_bytes_per_s;
+        let host = &devices[HOST as usize];
         let mut host_share = vec![0.0f64; n];
         let mut disk_share = vec![0.0f64; n];
+        // each read's fixed cost, shared among its parameter's users as its bytes are
+        let mut disk_reads = vec![0.0f64; n];
         for (q, &is_free) in free.iter().enumerate() {
             let users = g.param_users(q);
             if is_free || users.is_empty() {
                 continue;
             }
             let share = g.param_bytes()[q] as f64 / users.len() as f64;
-            let target = match g.param_home()[q] {
-                Tier::Host => &mut host_share,
-                Tier::Disk => &mut disk_share,
+            let on_disk = g.param_home()[q] == Tier::Disk;
+            let target = if on_disk {
+                &mut disk_share
+            } else {
+                &mut host_share
             };
             for &u in users {
                 target[u as usize] += share;
+                if on_disk {
+                    disk_reads[u as usize] += 1.0 / users.len() as f64;
+                }
             }
         }
         let mut time = vec![0.0f64; n * nd];
@@ -79,7 +86,8 @@ impl<'a> Costs<'a> {
         let mut since = vec![0.0f64; nd];
         for v in 0..n {
             bytes[v] = host_share[v] + disk_share[v];
-            let disk_read = disk_share[v] / disk_rate;
+            let disk_read =
+                disk_reads[v] * host.disk_latency_s + disk_share[v] / host.disk_bytes_per_s;
             for (d, dev) in devices.iter().enumerate() {
                 let k = v * nd + d;
                 let mut t = dev.node_time(

@@ -108,7 +108,7 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
     let g = s.g;
     let nd = s.devices.len();
     let bytes = g.param_bytes();
-    let disk_rate = s.devices[HOST as usize].disk_bytes_per_s;
+    let host = &s.devices[HOST as usize];
     let seg = &streamed.seg;
     let sim = &streamed.sim;
 
@@ -129,7 +129,7 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         }
         let mut copy = 0.0;
         if g.param_home()[q] == Tier::Disk {
-            copy += b / disk_rate;
+            copy += host.disk_read_time(b);
         }
         if span.device != HOST {
             copy += b / s.devices[span.device as usize].h2d_bytes_per_s;

@@ -512,6 +512,12 @@ impl Planner {
                 h.f64(d.mem_bytes_per_s);
                 h.f64(disk_bytes_per_s);
             }
+            // hashed only where it is modelled, so that other plans keep their hashes
+            if disk_params && d.disk_latency_s > 0.0 {
+                h.str("disk_latency");
+                h.u64(i as u64);
+                h.f64(d.disk_latency_s);
+            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");

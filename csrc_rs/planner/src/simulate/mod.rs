@@ -453,7 +453,7 @@ fn issue_prefetches(
     let (g, devices, seg) = (inp.g, inp.devices, inp.seg);
     let bytes_of = g.param_bytes();
     let home = g.param_home();
-    let disk_rate = devices[HOST as usize].disk_bytes_per_s;
+    let host = &devices[HOST as usize];
     for &k in span_ids {
         let span = seg.spans[k as usize];
         let (q, d) = (span.param, span.device);
@@ -461,7 +461,7 @@ fn issue_prefetches(
         mem.push(d, at, bytes, true);
         let mut ready = at;
         if home[q as usize] == Tier::Disk {
-            let read = bytes as f64 / disk_rate;
+            let read = host.disk_read_time(bytes as f64);
             let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
             ready = end;
             if d != HOST {
