@@ -15,6 +15,7 @@ from .functional import capture
 from .plan import files as saved_plan
 from .report.explain import explain
 from .report.trace import write_trace
+from .run.ops import global_hooks
 from .session import CompiledGraph
 from .settings import parse_options
 from .weights.released import bind_checkpoint
@@ -38,11 +39,21 @@ class CompiledModule(torch.nn.Module):
     def graphs(self) -> list[CompiledGraph]:
         return self.backend.graphs
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module's call machinery costs microseconds a call: only a module with hooks
+        # needs it
+        if self._forward_hooks or self._forward_pre_hooks or global_hooks():
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         before = self._disk_bytes_total()
         try:
             out = self.compiled(*args, **kwargs)
-            self._disk_bytes_read = self._disk_bytes_total() - before
+            after = self._disk_bytes_total()
+            if after is not None:
+                # a plain attribute write: ``nn.Module.__setattr__`` costs microseconds
+                self.__dict__["_disk_bytes_read"] = after - (before or 0)
             return out
         except torch._dynamo.exc.BackendCompilerFailed as exc:
             # Dynamo wraps whatever a backend raises; our own errors say more alone.
@@ -94,11 +105,11 @@ class CompiledModule(torch.nn.Module):
     def plan_hashes(self) -> list[str]:
         return [g.plan.plan_hash for g in self.graphs]
 
-    def _disk_bytes_total(self) -> int:
-        sessions = self.backend.sessions
-        if not sessions:
-            return 0
-        return sum(s.disk.reader.bytes_read for s in sessions.values() if s.disk is not None)
+    def _disk_bytes_total(self) -> int | None:
+        """Bytes the sessions' disk readers read so far; ``None`` while no session reads
+        from disk."""
+        readers = [s.disk.reader for s in self.backend.sessions.values() if s.disk is not None]
+        return sum(r.bytes_read for r in readers) if readers else None
 
     def disk_bytes_read(self) -> int:
         """Bytes of parameters read from disk during the last call (measured by the reader)."""

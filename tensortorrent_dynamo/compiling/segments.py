@@ -53,14 +53,16 @@ def _fake_inputs(parent: torch.fx.GraphModule, name: str) -> list[Any]:
 def _inductor(
     sub: torch.fx.GraphModule, fakes: list[Any], name: str, strict: bool
 ) -> Callable[..., Any] | None:
-    from torch._inductor.compile_fx import compile_fx
-
     # Inductor rewrites the graph it is given (a single output becomes a tuple): it gets
     # a copy, so that ``sub`` stays the eager version
     own = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))
     try:
         with torch.no_grad():
-            compiled = compile_fx(own, fakes)
+            compiled = _compile_functional(own, fakes)
+            if compiled is None:
+                from torch._inductor.compile_fx import compile_fx
+
+                compiled = compile_fx(own, fakes)
     except Exception as exc:  # Inductor failures must not lose the run: fall back to eager
         if strict:
             raise TensorTorrentError(f"Inductor failed on segment {name}: {exc}") from exc
@@ -71,6 +73,40 @@ def _inductor(
         )
         return None
     return cast(Callable[..., Any], compiled)
+
+
+def _compile_functional(gm: torch.fx.GraphModule, fakes: list[Any]) -> Callable[..., Any] | None:
+    """``gm``, a segment of the functional graph, compiled by Inductor without a second
+    AOTAutograd: decomposed as Inductor expects (``compile_fx`` would trace it through
+    AOTAutograd again for that, whose per-call wrapper, 5-10 us a call, a graph already
+    functional does not need), then given to Inductor's inner compiler. ``None`` where
+    that does not apply (symbolic sizes among the inputs) or fails: ``compile_fx`` then."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if not fakes or not all(isinstance(f, FakeTensor) for f in fakes):
+        return None
+    fake_mode = fakes[0].fake_mode
+    try:
+        with fake_mode, torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+            decomposed = make_fx(gm, decomposition_table=select_decomp_table())(*fakes)
+            output = next(n for n in decomposed.graph.nodes if n.op == "output")
+            single = not isinstance(output.args[0], (tuple, list))
+            if single:
+                output.args = ((output.args[0],),)
+                decomposed.recompile()
+            inner = compile_fx_inner(decomposed, fakes)
+    except Exception as exc:  # the usual path still may work
+        log.debug("Inductor's inner compiler failed (%s: %s); compile_fx then", type(exc), exc)
+        return None
+
+    def call(*args: Any) -> Any:
+        out = inner(list(args))
+        return out[0] if single else tuple(out)
+
+    return call
 
 
 def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings) -> dict[str, str]:

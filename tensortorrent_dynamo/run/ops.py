@@ -115,7 +115,7 @@ def direct_segment(parent: torch.fx.GraphModule) -> tuple[Segment, bool] | None:
     return None
 
 
-def _global_hooks() -> bool:
+def global_hooks() -> bool:
     """Whether forward hooks for every module are registered
     (``torch.nn.modules.module.register_module_forward_hook`` and its pre-hook)."""
     return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)
@@ -148,7 +148,7 @@ class Segment(torch.nn.Module):
     def __call__(self, *args: Any) -> Any:
         # nn.Module's call machinery costs microseconds a call: only a segment with hooks
         # (``verify`` records outputs with them) needs it
-        if self._forward_hooks or self._forward_pre_hooks or _global_hooks():
+        if self._forward_hooks or self._forward_pre_hooks or global_hooks():
             return super().__call__(*args)
         return self.forward(*args)
 

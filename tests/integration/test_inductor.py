@@ -64,3 +64,28 @@ def test_compiling_never_runs_the_graph_on_the_users_tensors() -> None:
         model.named_buffers(), reference.named_buffers(), strict=True
     ):
         torch.testing.assert_close(buffer, expected, msg=name)
+
+
+@pytest.mark.inductor
+def test_segments_compile_without_a_second_aotautograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The functional graph's segments go to Inductor's inner compiler, decomposed as it
+    expects: not through ``compile_fx``, whose own AOTAutograd would wrap every call."""
+    import torch._inductor.compile_fx as inductor
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compile_fx was called")
+
+    monkeypatch.setattr(inductor, "compile_fx", refused)
+    model, x = mlp(64, 2), torch.randn(8, 64)
+    with torch.no_grad():
+        expected = model(x)
+    compiled = tt.compile(
+        model, example_inputs=(x,), compiler="inductor", devices=["cpu"], strict=True
+    )
+    (graph,) = compiled.graphs
+    (name,) = graph.compilers
+    segment = getattr(graph.module, name)
+    assert segment.fn is not segment.eager_fn, "Inductor compiled the host segment"
+    segment.use_eager = False
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
