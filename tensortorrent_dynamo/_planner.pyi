@@ -155,6 +155,24 @@ class Candidate:
     @property
     def peak_bytes(self) -> list[int]:
         """Simulated peak memory per device, in bytes."""
+    @property
+    def node_device(self) -> list[int]:
+        """Device index of each node."""
+    @property
+    def param_streamed(self) -> list[bool]:
+        """Whether each parameter is streamed."""
+    @property
+    def value_spilled(self) -> list[bool]:
+        """Whether each node's value is spilled to the host."""
+    @property
+    def prefetch_depth(self) -> int:
+        """Prefetch depth (0: each segment reads its own parameters)."""
+    @property
+    def prefetch_window_bytes(self) -> int:
+        """Bytes of buffers prefetches may fill ahead of use (0: none)."""
+    @property
+    def plan_hash(self) -> str:
+        """The hash of this candidate's plan (replaying its decisions gives it)."""
 
 @final
 class Plan:

@@ -62,7 +62,7 @@ def _inductor(
             if compiled is None:
                 from torch._inductor.compile_fx import compile_fx
 
-                compiled = compile_fx(own, fakes)
+                compiled = cast(Callable[..., Any], compile_fx(own, fakes))
     except Exception as exc:  # Inductor failures must not lose the run: fall back to eager
         if strict:
             raise TensorTorrentError(f"Inductor failed on segment {name}: {exc}") from exc
@@ -72,7 +72,7 @@ def _inductor(
             stacklevel=2,
         )
         return None
-    return cast(Callable[..., Any], compiled)
+    return compiled
 
 
 def _compile_functional(gm: torch.fx.GraphModule, fakes: list[Any]) -> Callable[..., Any] | None:

@@ -52,6 +52,26 @@ class Decisions:
             plan_hash=native.plan_hash,
         )
 
+    @classmethod
+    def of_candidate(cls, native: _planner.Plan, name: str, split: bool) -> Decisions:
+        """The decisions of ``native``'s candidate ``name`` (one the search simulated, the
+        chosen one or another): replaying them plans that candidate. ``KeyError`` when
+        ``native`` lists no candidate of that name."""
+        for c in native.candidates:
+            if c.name == name:
+                return cls(
+                    chosen=c.name,
+                    node_device=tuple(c.node_device),
+                    param_streamed=tuple(c.param_streamed),
+                    value_spilled=tuple(c.value_spilled),
+                    prefetch_depth=c.prefetch_depth,
+                    prefetch_window_bytes=c.prefetch_window_bytes,
+                    param_home=tuple(native.param_home),
+                    split=split,
+                    plan_hash=c.plan_hash,
+                )
+        raise KeyError(f"the plan lists no candidate {name!r}")
+
     def to_json(self) -> dict[str, Any]:
         return {
             k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()

@@ -49,6 +49,42 @@ impl PyCandidate {
         self.inner.peak_bytes.clone()
     }
 
+    /// Device index of each node.
+    #[getter]
+    fn node_device(&self) -> Vec<u32> {
+        self.inner.node_device.clone()
+    }
+
+    /// Whether each parameter is streamed.
+    #[getter]
+    fn param_streamed(&self) -> Vec<bool> {
+        self.inner.param_streamed.clone()
+    }
+
+    /// Whether each node's value is spilled to the host.
+    #[getter]
+    fn value_spilled(&self) -> Vec<bool> {
+        self.inner.value_spilled.clone()
+    }
+
+    /// Prefetch depth (0: each segment reads its own parameters).
+    #[getter]
+    fn prefetch_depth(&self) -> u32 {
+        self.inner.prefetch_depth
+    }
+
+    /// Bytes of buffers prefetches may fill ahead of use (0: none).
+    #[getter]
+    fn prefetch_window_bytes(&self) -> u64 {
+        self.inner.prefetch_window_bytes
+    }
+
+    /// The hash of this candidate's plan (replaying its decisions gives it).
+    #[getter]
+    fn plan_hash(&self) -> &str {
+        &self.inner.plan_hash
+    }
+
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(

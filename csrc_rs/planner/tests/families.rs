@@ -400,6 +400,45 @@ fn each_disk_read_costs_its_fixed_latency_too() {
 }
 
 #[test]
+fn every_candidate_replays_from_its_decisions_to_its_hash() {
+    // What lets a caller run a candidate other than the chosen one (the
+    // bench that checks the choice against measured times does).
+    let g = deep_mlp(16)
+        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
+        .unwrap();
+    let mut cpu = host(GIB / 2);
+    cpu.flops_per_s = 1e11;
+    cpu.mem_bytes_per_s = 2e10;
+    cpu.disk_bytes_per_s = 1e9;
+    let planner = Planner::new(Objective::Latency);
+    let p = planner.run(&g, &[cpu.clone()]).unwrap();
+    let feasible: Vec<_> = p.candidates.iter().filter(|c| c.feasible).collect();
+    assert!(feasible.len() > 2, "{:?}", p.candidates);
+    let chosen = p.candidates.iter().find(|c| c.name == p.chosen).unwrap();
+    assert_eq!(chosen.plan_hash, p.plan_hash);
+    for c in feasible {
+        let again = planner
+            .replay(
+                &g,
+                &[cpu.clone()],
+                &c.name,
+                &c.node_device,
+                &c.param_streamed,
+                &c.value_spilled,
+                c.prefetch_depth,
+                c.prefetch_window_bytes,
+            )
+            .unwrap();
+        assert_eq!(again.plan_hash, c.plan_hash, "{}", c.name);
+        assert!(
+            (again.predicted_time_s - c.predicted_time_s).abs() < 1e-12,
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
 fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
     // Room for 7 weights and one read buffer, not two: reading each weight
     // when its layer starts keeps 7 in memory and reads 9, where a double

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import tensortorrent as tt
 from tensortorrent_dynamo.plan.decisions import Decisions
+from tensortorrent_dynamo.plan.planner import native_device_list, replay_decisions
+from tests.models import mlp
 
 DECISIONS = Decisions(
     chosen="knapsack/window-64KiB",
@@ -68,3 +73,25 @@ json_values = st.recursive(
 def test_damaged_decisions_raise_only_value_error(data: dict[str, Any]) -> None:
     with contextlib.suppress(ValueError):
         Decisions.from_json({**DECISIONS.to_json(), **data})
+
+
+def test_each_candidates_decisions_replay_to_its_plan(tmp_path: Path) -> None:
+    model, x = mlp(256, 8), torch.randn(16, 256)
+    options = {"budgets": {"cpu": 1_200_000}, "offload_dir": str(tmp_path), "plan_cache": False}
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", **options)
+    (graph,) = compiled.graphs
+    plan = graph.plan
+    native = plan.native
+    assert Decisions.of_candidate(native, native.chosen, plan.split) == Decisions.of(
+        native, plan.split
+    )
+    devices = native_device_list(plan.devices, graph.profile, True)
+    others = [c for c in native.candidates if c.feasible and c.name != native.chosen]
+    assert others, [c.name for c in native.candidates]
+    for candidate in others:
+        decisions = Decisions.of_candidate(native, candidate.name, plan.split)
+        again = replay_decisions(plan.cost, devices, graph.settings, True, decisions)
+        assert again.plan_hash == candidate.plan_hash == decisions.plan_hash, candidate.name
+        assert again.predicted_time_s == pytest.approx(candidate.predicted_time_s)
+    with pytest.raises(KeyError, match="no candidate 'nothing'"):
+        Decisions.of_candidate(native, "nothing", plan.split)

@@ -377,6 +377,7 @@ impl Planner {
         report: Report,
     ) -> Plan {
         let c = &cands[best];
+        let inputs = self.hash_inputs(g, devices);
         let pl = &c.trial.placement;
         let seg = &c.trial.seg;
         let sim = run(g, devices, pl, seg, true);
@@ -442,16 +443,24 @@ impl Planner {
                     predicted_time_s: e.trial.sim.predicted_time_s,
                     feasible: e.feasible(),
                     peak_bytes: e.trial.sim.peak_bytes.clone(),
+                    node_device: e.trial.placement.node_device.clone(),
+                    param_streamed: e.trial.placement.param_streamed.clone(),
+                    value_spilled: e.trial.placement.value_spilled.clone(),
+                    prefetch_depth: e.trial.depth,
+                    prefetch_window_bytes: e.trial.window,
+                    plan_hash: self.hash_candidate(inputs.clone(), e),
                 })
                 .collect(),
             chosen: c.name.clone(),
             report,
-            plan_hash: self.hash(g, devices, c),
+            plan_hash: self.hash_candidate(inputs, c),
             timeline: sim.timeline,
         }
     }
 
-    fn hash(&self, g: &CostGraph, devices: &[Device], chosen: &Evaluated) -> String {
+    /// The hasher after what every candidate of one search shares: the
+    /// graph, the devices and the search's options.
+    fn hash_inputs(&self, g: &CostGraph, devices: &[Device]) -> Fnv1a64 {
         let mut h = Fnv1a64::default();
         h.str("tensortorrent-plan/1");
         h.f64s(g.node_flops());
@@ -535,6 +544,11 @@ impl Planner {
             h.str("memory_slack");
             h.f64(self.memory_slack);
         }
+        h
+    }
+
+    /// The hash of the plan of candidate `chosen`, after [`Self::hash_inputs`].
+    fn hash_candidate(&self, mut h: Fnv1a64, chosen: &Evaluated) -> String {
         if chosen.trial.depth != self.prefetch_depth {
             h.str("depth");
             h.u64(u64::from(chosen.trial.depth));

@@ -62,6 +62,20 @@ pub struct Candidate {
     pub feasible: bool,
     /// Simulated peak memory per device, in bytes.
     pub peak_bytes: Vec<u64>,
+    /// Device index of each node (its decisions are the chosen plan's
+    /// fields of the same names: replaying them gives this candidate as a
+    /// plan, whose hash is `plan_hash`).
+    pub node_device: Vec<u32>,
+    /// Whether each parameter is streamed.
+    pub param_streamed: Vec<bool>,
+    /// Whether each node's value is spilled to the host.
+    pub value_spilled: Vec<bool>,
+    /// Its prefetch depth (0: each segment reads its own parameters).
+    pub prefetch_depth: u32,
+    /// Bytes of buffers its prefetches may fill ahead of use (0: none).
+    pub prefetch_window_bytes: u64,
+    /// The hash the plan of this candidate has.
+    pub plan_hash: String,
 }
 
 /// The chosen plan.

@@ -1,0 +1,213 @@
+"""plan_quality: is the plan the planner chose the fastest of its best candidates, measured?
+
+The planner ranks its candidates by simulated time; a simulator that is wrong can rank them
+wrongly while the choice "matches the optimum" of its own model. For each case, the model is
+compiled once (the choice), then each of the ``--candidates`` fastest feasible candidates by
+predicted time (the chosen one among them) is compiled again from a plan file holding its
+decisions (``Decisions.of_candidate``; loading a plan replays them without searching) and
+called: one untimed call, then ``--repeats`` timed calls with the page cache dropped before
+each (the weights the plan streams come from disk). The candidates run in turn, and again in
+the reverse order (``--rounds``), so that the disk's drift hits them alike; a candidate's
+figure is the median of all its calls.
+
+Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
+half the weights) at batch 16 (disk-bound) and 256, and 16 layers of 1024^2 at batch 4 under
+a third of the weights (many small reads). Figures per case: each candidate's predicted and
+measured ms, the chosen one's measured time over the fastest measured (goal: within 5%,
+``chosen_within_5_percent``), and whether the predicted order is the measured one.
+
+    python -m bench.plan_quality [--candidates 4] [--repeats 3] [--rounds 2] [--results DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+import tensortorrent as tt
+from tensortorrent_dynamo.plan.decisions import Decisions
+from tests.models import mlp
+
+from .common import write_results
+from .offload.measure import drop_page_cache
+
+SEED = 0
+# name -> (width, layers, batch, the share of the weights the host budget holds)
+CASES: dict[str, tuple[int, int, int, float]] = {
+    "mlp_2048x8_batch16": (2048, 8, 16, 0.5),
+    "mlp_2048x8_batch256": (2048, 8, 256, 0.5),
+    "mlp_1024x16_batch4": (1024, 16, 4, 1 / 3),
+}
+
+
+def _meta(width: int, layers: int) -> torch.nn.Module:
+    with torch.device("meta"):
+        return mlp(width, layers, seed=SEED)
+
+
+def _compile(
+    width: int, layers: int, x: torch.Tensor, options: dict[str, Any]
+) -> tt.CompiledModule:
+    return tt.compile(_meta(width, layers), example_inputs=(x,), **options)
+
+
+def _timed(compiled: tt.CompiledModule, x: torch.Tensor, repeats: int) -> list[float]:
+    """``repeats`` calls, the page cache dropped before each; seconds."""
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            drop_page_cache()
+            start = time.perf_counter()
+            compiled(x)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) -> dict[str, Any]:
+    width, layers, batch, share = CASES[name]
+    model = mlp(width, layers, seed=SEED)
+    checkpoint = work / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, checkpoint)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(SEED))
+    with torch.no_grad():
+        expected = model(x)
+    del model
+    options: dict[str, Any] = {
+        "compiler": "eager",
+        "budgets": {"cpu": int(weights * share)},
+        "offload_dir": str(work / "offload"),
+        "checkpoint": str(checkpoint),
+        "plan_cache": False,
+    }
+    first = _compile(width, layers, x, options)
+    (graph,) = first.graphs
+    native, split = graph.plan.native, graph.plan.split
+    saved = work / f"{name}.plan.json"
+    first.save(saved)
+    template = json.loads(saved.read_text())
+    del first
+    feasible = sorted(
+        (c for c in native.candidates if c.feasible), key=lambda c: c.predicted_time_s
+    )
+    picked: list[Any] = []
+    for c in feasible:
+        if len(picked) < candidates and all(c.plan_hash != p.plan_hash for p in picked):
+            picked.append(c)
+    if native.chosen not in [c.name for c in picked]:
+        picked[-1] = next(c for c in native.candidates if c.name == native.chosen)
+    compiled: dict[str, tt.CompiledModule] = {}
+    for c in picked:
+        decisions = Decisions.of_candidate(native, c.name, split)
+        data = json.loads(json.dumps(template))
+        data["graphs"][0].update(
+            decisions=decisions.to_json(), plan_hash=c.plan_hash, chosen=c.name
+        )
+        path = work / f"{name}.{c.plan_hash}.plan.json"
+        path.write_text(json.dumps(data))
+        one = _compile(width, layers, x, {**options, "plan": str(path)})
+        assert one.graphs[0].plan.plan_hash == c.plan_hash, (c.name, one.graphs[0].plan.plan_hash)
+        with torch.no_grad():
+            torch.testing.assert_close(one(x), expected)  # the untimed call, checked
+        compiled[c.name] = one
+    times: dict[str, list[float]] = {c.name: [] for c in picked}
+    for r in range(rounds):
+        order = picked if r % 2 == 0 else picked[::-1]
+        for c in order:
+            times[c.name] += _timed(compiled[c.name], x, repeats)
+    measured = {n: statistics.median(t) for n, t in times.items()}
+    fastest = min(measured, key=measured.__getitem__)
+    by_predicted = [c.name for c in picked]
+    by_measured = sorted(measured, key=measured.__getitem__)
+    return {
+        "params": {"width": width, "layers": layers, "batch": batch, "budget_share": share},
+        "chosen": native.chosen,
+        "candidates": [
+            {
+                "name": c.name,
+                "plan_hash": c.plan_hash,
+                "predicted_ms": 1e3 * c.predicted_time_s,
+                "measured_ms": 1e3 * measured[c.name],
+                "measured_calls_ms": [1e3 * t for t in times[c.name]],
+                "prediction_error": c.predicted_time_s / measured[c.name] - 1,
+            }
+            for c in picked
+        ],
+        "fastest_measured": fastest,
+        "chosen_over_fastest": measured[native.chosen] / measured[fastest],
+        "chosen_within_5_percent": measured[native.chosen] <= 1.05 * measured[fastest],
+        "predicted_order_is_measured_order": by_predicted == by_measured,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--candidates", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--results", type=Path, default=None, help="directory of the JSON")
+    args = parser.parse_args(argv)
+    torch.manual_seed(SEED)
+    # Every compile is of the same ``Sequential.forward`` with a backend of its own: Dynamo
+    # keeps an entry per backend on that code object, up to its recompile limit (8).
+    limit = len(CASES) * (args.candidates + 1) + 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, limit
+    )
+    started = time.perf_counter()
+    cases: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tt-plan-quality-") as tmp:
+        for name in CASES:
+            try:
+                cases[name] = case = run_case(
+                    name, Path(tmp), args.candidates, args.repeats, args.rounds
+                )
+            except Exception as exc:  # a case that fails is recorded, the others still run
+                cases[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                print(f"{name:<22} {cases[name]['error']}", flush=True)
+                continue
+            shown = ", ".join(
+                f"{c['name']} {c['predicted_ms']:.1f}/{c['measured_ms']:.1f} ms"
+                for c in case["candidates"]
+            )
+            print(
+                f"{name:<22} chosen {case['chosen']}: {case['chosen_over_fastest']:.3f}x the "
+                f"fastest measured ({case['fastest_measured']}); predicted/measured: {shown}",
+                flush=True,
+            )
+    done = [c for c in cases.values() if "error" not in c]
+    results = {
+        "method": (
+            "per case: tt.compile on a meta model bound to a checkpoint (the choice), then each "
+            f"of the {args.candidates} fastest feasible candidates by predicted time (the "
+            "chosen one among them) compiled from a plan file of its decisions and called: one "
+            f"untimed call checked against eager, then {args.repeats} timed calls with the page "
+            f"cache dropped before each, {args.rounds} rounds of the candidates in turn "
+            "(reversed every other round); a candidate's figure is the median of its calls"
+        ),
+        "summary": {
+            "cases": len(done),
+            "chosen_within_5_percent": sum(c["chosen_within_5_percent"] for c in done),
+            "worst_chosen_over_fastest": max(
+                (c["chosen_over_fastest"] for c in done), default=None
+            ),
+        },
+        "cases": cases,
+        "runtime_s": time.perf_counter() - started,
+    }
+    path = write_results("plan_quality", results, args.results)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
