@@ -16,7 +16,7 @@ a third of the weights (many small reads). Figures per case: each candidate's pr
 measured ms, the chosen one's measured time over the fastest measured (goal: within 5%,
 ``chosen_within_5_percent``), and whether the predicted order is the measured one.
 
-    python -m bench.plan_quality [--candidates 4] [--repeats 3] [--rounds 2] [--results DIR]
+    python -m bench.plan_quality [--candidates 4] [--repeats 3] [--rounds 4] [--results DIR]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--candidates", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--results", type=Path, default=None, help="directory of the JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(SEED)

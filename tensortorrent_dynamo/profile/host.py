@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import psutil
 
+from ..io.reader import READ_HANDOFF_S
 from .schema import Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
@@ -21,10 +22,9 @@ NOMINAL_CUDA_FLOPS = 5e13
 NOMINAL_CUDA_LINK_BYTES_PER_S = 2.5e10
 NOMINAL_CUDA_LATENCY_S = 1e-5
 NOMINAL_DISK_READ_BYTES_PER_S = 1e9
-# The fixed cost of one read from disk beyond its bytes, where the profile did not measure
-# the disk's latency: what reads of 64 KiB cost through the reader on the 2-core development
-# machine's virtual disk, 0.2-0.3 ms each with 30 in flight (0.3-0.8 ms one at a time).
-NOMINAL_DISK_LATENCY_S = 2.5e-4
+# The disk's latency for one read where the profile did not measure it (a random 4 KiB
+# read; 0.04 ms on the 2-core development machine's virtual disk).
+NOMINAL_DISK_LATENCY_S = 1e-4
 
 _DEVICE_NAME = {"cpu": re.compile("cpu"), "cuda": re.compile("cuda:[0-9]+")}
 """The name a device of each kind the planner reads has in a profile."""
@@ -145,10 +145,11 @@ class HostProfile:
 
     @property
     def planned_disk_latency_s(self) -> float:
-        """The fixed cost of each disk read the planner uses: the measured time of a random
-        4 KiB read, else the nominal 0.25 ms."""
+        """The fixed cost of a disk read issued to an idle disk that the planner uses: the
+        disk's latency (the measured time of a random 4 KiB read, else the nominal 0.1 ms)
+        plus what the reader's hand-offs cost a read (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
-        return NOMINAL_DISK_LATENCY_S if measured is None else measured
+        return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

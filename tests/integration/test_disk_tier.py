@@ -241,11 +241,12 @@ def test_damaged_shard_with_no_weights_left_is_a_clear_error(tmp_path: Path) -> 
 
 def test_a_tight_budget_reads_each_weight_when_its_layer_starts(tmp_path: Path) -> None:
     # room for 4 weights and one read buffer: reading synchronously keeps one more
-    # weight in RAM than a double buffer would, and little compute hides no reads
-    model, x = mlp(256, 8), torch.randn(1, 256)
+    # weight in RAM than a double buffer would, and little compute hides no reads (the
+    # weights large enough that each read's fixed cost matters little)
+    model, x = mlp(1024, 8), torch.randn(1, 1024)
     with torch.no_grad():
         expected = model(x)
-    weight = 256 * 256 * 4 + 1024
+    weight = 1024 * 1024 * 4 + 4096
     compiled = _compile(model, x, tmp_path, budgets={"cpu": 5 * weight + 64 * 1024})
     plan = compiled.graphs[0].plan
     assert plan.native.chosen.endswith("-sync") and plan.native.prefetch_depth == 0

@@ -366,10 +366,11 @@ fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
 }
 
 #[test]
-fn each_disk_read_costs_its_fixed_latency_too() {
-    // The plan of the test above, each of its disk reads also paying 10 ms:
-    // the disk's busy time grows by 10 ms per weight read, the plan's hash
-    // with it, and a latency of 0 plans as before.
+fn a_read_issued_to_an_idle_disk_costs_its_fixed_latency_too() {
+    // The same candidates replayed with each disk read's fixed cost at 10 ms:
+    // reading each weight when its segment starts (the disk idle each time)
+    // pays it on every read; prefetching queues reads behind one another,
+    // which overlap it, so it pays less. A latency of 0 plans as before.
     let g = deep_mlp(16)
         .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
         .unwrap();
@@ -377,26 +378,43 @@ fn each_disk_read_costs_its_fixed_latency_too() {
     cpu.flops_per_s = 1e11;
     cpu.mem_bytes_per_s = 2e10;
     cpu.disk_bytes_per_s = 1e9;
-    let base = Planner::new(Objective::Latency)
-        .run(&g, &[cpu.clone()])
-        .unwrap();
-    cpu.disk_latency_s = 0.01;
-    let slow = Planner::new(Objective::Latency)
-        .run(&g, &[cpu.clone()])
-        .unwrap();
-    let read = |p: &tensortorrent_planner::Plan| p.param_streamed.iter().filter(|&&s| s).count();
-    // the disk is the busiest resource: the lower bound is its busy time
-    let disk = |p: &tensortorrent_planner::Plan| p.lower_bound_s;
-    assert_eq!(read(&slow), read(&base), "{:?}", slow.candidates);
-    let extra = disk(&slow) - disk(&base);
-    assert!((extra - 0.01 * read(&slow) as f64).abs() < 1e-9, "{extra}");
-    assert_ne!(slow.plan_hash, base.plan_hash);
-    cpu.disk_latency_s = 0.0;
-    let again = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    let planner = Planner::new(Objective::Latency);
+    let base = planner.run(&g, &[cpu.clone()]).unwrap();
+    let mut slow = cpu.clone();
+    slow.disk_latency_s = 0.01;
+    let extra = |name: &str| {
+        let c = base.candidates.iter().find(|c| c.name == name).unwrap();
+        let again = planner
+            .replay(
+                &g,
+                &[slow.clone()],
+                &c.name,
+                &c.node_device,
+                &c.param_streamed,
+                &c.value_spilled,
+                c.prefetch_depth,
+                c.prefetch_window_bytes,
+            )
+            .unwrap();
+        assert_ne!(again.plan_hash, c.plan_hash, "the latency is hashed");
+        let reads = c.param_streamed.iter().filter(|&&s| s).count() as f64;
+        (again.predicted_time_s - c.predicted_time_s, reads)
+    };
+    let sync = format!("all-on-cpu/knapsack{}", tensortorrent_planner::SYNC_SUFFIX);
+    let (sync_extra, sync_reads) = extra(&sync);
+    assert!(
+        (sync_extra - 0.01 * sync_reads).abs() < 1e-9,
+        "{sync_extra} {sync_reads}"
+    );
+    let (ahead_extra, ahead_reads) = extra("all-on-cpu/knapsack");
+    assert!(
+        ahead_extra > 0.0 && ahead_extra < 0.01 * ahead_reads,
+        "{ahead_extra}"
+    );
+    let again = planner.run(&g, &[cpu]).unwrap();
     assert_eq!(again.plan_hash, base.plan_hash);
-    cpu = host(GIB / 2);
-    cpu.disk_latency_s = f64::NAN;
-    assert!(Planner::new(Objective::Latency).run(&g, &[cpu]).is_err());
+    slow.disk_latency_s = f64::NAN;
+    assert!(planner.run(&g, &[slow]).is_err());
 }
 
 #[test]

@@ -461,7 +461,13 @@ fn issue_prefetches(
         mem.push(d, at, bytes, true);
         let mut ready = at;
         if home[q as usize] == Tier::Disk {
-            let read = host.disk_read_time(bytes as f64);
+            // A read queued behind another overlaps its fixed cost with that one's
+            // transfer; one issued to an idle disk pays it.
+            let read = if queues.free_at(Resource::Disk) > at {
+                bytes as f64 / host.disk_bytes_per_s
+            } else {
+                host.disk_read_time(bytes as f64)
+            };
             let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
             ready = end;
             if d != HOST {
