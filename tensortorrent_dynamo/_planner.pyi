@@ -81,8 +81,9 @@ class Device:
     rate, used on the host) default to infinity: not modelled. ``class_flops_per_s``
     holds the compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
     class 0 and the classes it does not list run at ``flops_per_s``. ``disk_latency_s`` is
-    the fixed cost of each disk read beyond its bytes over ``disk_bytes_per_s`` (used on the
-    host; 0, the default, is not modelled).
+    the fixed cost of a disk read issued while no other is in flight, beyond its bytes over
+    ``disk_bytes_per_s`` (a queued read overlaps it; used on the host; 0, the default, is
+    not modelled).
     """
 
     def __new__(
@@ -133,7 +134,8 @@ class Device:
         """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
     @property
     def disk_latency_s(self) -> float:
-        """Fixed cost of each disk read in seconds, used on the host (0: not modelled)."""
+        """Fixed cost in seconds of a disk read issued to an idle disk, used on the host
+        (0: not modelled)."""
 
 @final
 class Candidate:

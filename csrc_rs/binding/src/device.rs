@@ -119,8 +119,8 @@ impl PyDevice {
         self.inner.disk_bytes_per_s
     }
 
-    /// Fixed cost of each disk read in seconds, used on the host (0: not
-    /// modelled).
+    /// Fixed cost in seconds of a disk read issued to an idle disk, used on
+    /// the host (0: not modelled).
     #[getter]
     fn disk_latency_s(&self) -> f64 {
         self.inner.disk_latency_s
