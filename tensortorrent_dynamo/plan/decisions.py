@@ -40,17 +40,7 @@ class Decisions:
     @classmethod
     def of(cls, native: _planner.Plan, split: bool) -> Decisions:
         """The decisions of ``native``, a plan of the split graph when ``split``."""
-        return cls(
-            chosen=native.chosen,
-            node_device=tuple(native.node_device),
-            param_streamed=tuple(native.param_streamed),
-            value_spilled=tuple(native.value_spilled),
-            prefetch_depth=native.prefetch_depth,
-            prefetch_window_bytes=native.prefetch_window_bytes,
-            param_home=tuple(native.param_home),
-            split=split,
-            plan_hash=native.plan_hash,
-        )
+        return cls._of(native, native.chosen, native, split)
 
     @classmethod
     def of_candidate(cls, native: _planner.Plan, name: str, split: bool) -> Decisions:
@@ -59,18 +49,30 @@ class Decisions:
         ``native`` lists no candidate of that name."""
         for c in native.candidates:
             if c.name == name:
-                return cls(
-                    chosen=c.name,
-                    node_device=tuple(c.node_device),
-                    param_streamed=tuple(c.param_streamed),
-                    value_spilled=tuple(c.value_spilled),
-                    prefetch_depth=c.prefetch_depth,
-                    prefetch_window_bytes=c.prefetch_window_bytes,
-                    param_home=tuple(native.param_home),
-                    split=split,
-                    plan_hash=c.plan_hash,
-                )
+                return cls._of(c, c.name, native, split)
         raise KeyError(f"the plan lists no candidate {name!r}")
+
+    @classmethod
+    def _of(
+        cls,
+        made: _planner.Plan | _planner.Candidate,
+        name: str,
+        native: _planner.Plan,
+        split: bool,
+    ) -> Decisions:
+        """The decisions ``made`` carries (a plan or one of its candidates, named ``name``),
+        with the homes of ``native``, the plan of the split graph when ``split``."""
+        return cls(
+            chosen=name,
+            node_device=tuple(made.node_device),
+            param_streamed=tuple(made.param_streamed),
+            value_spilled=tuple(made.value_spilled),
+            prefetch_depth=made.prefetch_depth,
+            prefetch_window_bytes=made.prefetch_window_bytes,
+            param_home=tuple(native.param_home),
+            split=split,
+            plan_hash=made.plan_hash,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{accelerator, host, mlp, replayed, Builder, KIB, MIB};
+use common::{accelerator, host, mlp, replayed, replayed_candidate, Builder, KIB, MIB};
 use tensortorrent_planner::{
     plan, Device, Family, Objective, Plan, PlanError, Planner, StopReason,
 };
@@ -341,10 +341,9 @@ fn deeper_prefetch_issues_earlier_and_holds_more() {
     assert_eq!(deeper.param_issue_segment, [-1, -1, 1, 2, 3, 4, 5, 6]);
 }
 
-#[test]
-fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
-    // 1 GiB of weights on disk, a host budget of half that: the host keeps
-    // about half in memory and reads the others each run.
+/// `deep_mlp(16)` with every weight's home disk, and a host with a budget of half the
+/// weights, 100 GFLOP/s, 20 GB/s of memory bandwidth and a 1 GB/s disk.
+fn deep_mlp_on_disk() -> (tensortorrent_planner::CostGraph, Device) {
     let g = deep_mlp(16)
         .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
         .unwrap();
@@ -352,6 +351,14 @@ fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
     cpu.flops_per_s = 1e11;
     cpu.mem_bytes_per_s = 2e10;
     cpu.disk_bytes_per_s = 1e9;
+    (g, cpu)
+}
+
+#[test]
+fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
+    // 1 GiB of weights on disk, a host budget of half that: the host keeps
+    // about half in memory and reads the others each run.
+    let (g, cpu) = deep_mlp_on_disk();
     let p = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
     assert_eq!(p.chosen, "all-on-cpu/knapsack", "{:?}", p.candidates);
     assert!(p.peak_bytes[0] <= GIB / 2);
@@ -371,31 +378,14 @@ fn a_read_issued_to_an_idle_disk_costs_its_fixed_latency_too() {
     // reading each weight when its segment starts (the disk idle each time)
     // pays it on every read; prefetching queues reads behind one another,
     // which overlap it, so it pays less. A latency of 0 plans as before.
-    let g = deep_mlp(16)
-        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
-        .unwrap();
-    let mut cpu = host(GIB / 2);
-    cpu.flops_per_s = 1e11;
-    cpu.mem_bytes_per_s = 2e10;
-    cpu.disk_bytes_per_s = 1e9;
+    let (g, cpu) = deep_mlp_on_disk();
     let planner = Planner::new(Objective::Latency);
-    let base = planner.run(&g, &[cpu.clone()]).unwrap();
+    let base = planner.run(&g, std::slice::from_ref(&cpu)).unwrap();
     let mut slow = cpu.clone();
     slow.disk_latency_s = 0.01;
     let extra = |name: &str| {
         let c = base.candidates.iter().find(|c| c.name == name).unwrap();
-        let again = planner
-            .replay(
-                &g,
-                &[slow.clone()],
-                &c.name,
-                &c.node_device,
-                &c.param_streamed,
-                &c.value_spilled,
-                c.prefetch_depth,
-                c.prefetch_window_bytes,
-            )
-            .unwrap();
+        let again = replayed_candidate(&planner, &g, &[slow.clone()], c).unwrap();
         assert_ne!(again.plan_hash, c.plan_hash, "the latency is hashed");
         let reads = c.param_streamed.iter().filter(|&&s| s).count() as f64;
         (again.predicted_time_s - c.predicted_time_s, reads)
@@ -421,32 +411,15 @@ fn a_read_issued_to_an_idle_disk_costs_its_fixed_latency_too() {
 fn every_candidate_replays_from_its_decisions_to_its_hash() {
     // What lets a caller run a candidate other than the chosen one (the
     // bench that checks the choice against measured times does).
-    let g = deep_mlp(16)
-        .with_param_home(vec![tensortorrent_planner::Tier::Disk; 16])
-        .unwrap();
-    let mut cpu = host(GIB / 2);
-    cpu.flops_per_s = 1e11;
-    cpu.mem_bytes_per_s = 2e10;
-    cpu.disk_bytes_per_s = 1e9;
+    let (g, cpu) = deep_mlp_on_disk();
     let planner = Planner::new(Objective::Latency);
-    let p = planner.run(&g, &[cpu.clone()]).unwrap();
+    let p = planner.run(&g, std::slice::from_ref(&cpu)).unwrap();
     let feasible: Vec<_> = p.candidates.iter().filter(|c| c.feasible).collect();
     assert!(feasible.len() > 2, "{:?}", p.candidates);
     let chosen = p.candidates.iter().find(|c| c.name == p.chosen).unwrap();
     assert_eq!(chosen.plan_hash, p.plan_hash);
     for c in feasible {
-        let again = planner
-            .replay(
-                &g,
-                &[cpu.clone()],
-                &c.name,
-                &c.node_device,
-                &c.param_streamed,
-                &c.value_spilled,
-                c.prefetch_depth,
-                c.prefetch_window_bytes,
-            )
-            .unwrap();
+        let again = replayed_candidate(&planner, &g, std::slice::from_ref(&cpu), c).unwrap();
         assert_eq!(again.plan_hash, c.plan_hash, "{}", c.name);
         assert!(
             (again.predicted_time_s - c.predicted_time_s).abs() < 1e-12,

@@ -145,3 +145,23 @@ pub fn replayed(
         p.prefetch_window_bytes,
     )
 }
+
+/// The plan of `p`'s candidate `c` rebuilt by `planner` from the decisions the candidate
+/// carries, on `g` (the graph `p` was planned for) and `devices`.
+pub fn replayed_candidate(
+    planner: &Planner,
+    g: &CostGraph,
+    devices: &[Device],
+    c: &tensortorrent_planner::Candidate,
+) -> Result<Plan, PlanError> {
+    planner.replay(
+        g,
+        devices,
+        &c.name,
+        &c.node_device,
+        &c.param_streamed,
+        &c.value_spilled,
+        c.prefetch_depth,
+        c.prefetch_window_bytes,
+    )
+}
