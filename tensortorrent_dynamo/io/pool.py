@@ -1,12 +1,16 @@
 """Reusable page-aligned host buffers that disk reads land in, pinned for CUDA.
 
 Allocating and faulting in a fresh buffer for every read costs as much as the read, so
-:class:`HostBufferPool` keeps buffers by capacity and lends them again.
+:class:`HostBufferPool` lends buffers from one reserved block of memory, in turn (a ring:
+streamed weights are read and let go in the order a model uses them), and keeps other
+buffers by capacity to lend again.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import dataclasses
 import threading
 
 import torch
@@ -44,35 +48,133 @@ def bound_heap_retention(threshold: int = 128 << 10) -> bool:
         return False
 
 
+def _aligned(nbytes: int, pin: bool) -> torch.Tensor:
+    """A 1-D uint8 tensor of ``nbytes`` bytes at a page-aligned address: one page more is
+    allocated and sliced at its first aligned address; the slice keeps the whole allocation
+    alive, and both go when the last reference does."""
+    base = torch.empty(nbytes + PAGE_BYTES, dtype=torch.uint8, pin_memory=pin)
+    skip = -base.data_ptr() % PAGE_BYTES
+    return base[skip : skip + nbytes]
+
+
+@dataclasses.dataclass
+class _Lent:
+    offset: int
+    capacity: int
+    given: bool = False
+
+
+class _Ring:
+    """A block of memory lent in turn: each buffer right after the previous one, wrapping
+    to the start once the end is reached and the start was given back. Buffers given back
+    out of turn are reused once those lent before them are given back too."""
+
+    def __init__(self, nbytes: int, pin: bool) -> None:
+        self.memory = _aligned(nbytes, pin)
+        self.size = nbytes
+        self._lent: collections.deque[_Lent] = collections.deque()  # in the order lent
+        self._by_ptr: dict[int, _Lent] = {}
+
+    @property
+    def idle(self) -> bool:
+        return not self._lent
+
+    def take(self, capacity: int) -> torch.Tensor | None:
+        """A buffer of ``capacity`` bytes (a multiple of the page), or ``None`` when the
+        ring has no room for it now."""
+        if not self._lent:
+            offset = 0
+        else:
+            first, last = self._lent[0], self._lent[-1]
+            head = last.offset + last.capacity
+            if last.offset >= first.offset:  # the lent span does not wrap: room at both ends
+                offset = head if head + capacity <= self.size else 0
+                if offset == 0 and capacity > first.offset:
+                    return None
+            elif head + capacity <= first.offset:
+                offset = head
+            else:
+                return None
+        if offset + capacity > self.size:
+            return None
+        lent = _Lent(offset, capacity)
+        self._lent.append(lent)
+        buffer = self.memory[offset : offset + capacity]
+        self._by_ptr[buffer.data_ptr()] = lent
+        return buffer
+
+    def give(self, buffer: torch.Tensor) -> bool:
+        """Take ``buffer`` back; ``False`` when the ring did not lend it."""
+        lent = self._by_ptr.get(buffer.data_ptr())
+        if lent is None or buffer.numel() != lent.capacity:
+            return False
+        del self._by_ptr[buffer.data_ptr()]
+        lent.given = True
+        while self._lent and self._lent[0].given:
+            self._lent.popleft()
+        while self._lent and self._lent[-1].given:
+            self._lent.pop()
+        return True
+
+
 class HostBufferPool:
     """Reusable host buffers for disk reads: page-aligned (for ``O_DIRECT``), pinned when ``pin``.
 
-    Allocating and faulting in a fresh buffer for every read costs as much as the read;
-    streaming the same model on every call needs the same sizes each time, so buffers are
-    kept by capacity (a multiple of 4 KiB) and lent again. A buffer dropped by the pool
-    (:meth:`trim`) is freed once nothing else refers to it.
+    Allocating and faulting in a fresh buffer for every read costs as much as the read
+    (on a virtual machine, more: the page faults): :meth:`reserve` sets aside a block that
+    buffers are lent from in turn, and a buffer the block has no room for is allocated on
+    its own, kept idle by capacity (a multiple of 4 KiB) within ``max_held_bytes`` and lent
+    again. A buffer dropped by the pool (:meth:`trim`) is freed once nothing else refers to
+    it.
     """
 
-    def __init__(self, pin: bool = False, max_idle_bytes: int | None = None) -> None:
+    def __init__(self, pin: bool = False, max_held_bytes: int | None = None) -> None:
         if pin and not torch.cuda.is_available():
             raise OffloadError(
                 "pinned host buffers need CUDA, and torch.cuda.is_available() is False"
             )
         self.pin = pin
-        # idle buffers beyond this many bytes are dropped, least recently returned first
-        # (``None``: keep them all)
-        self.max_idle_bytes = max_idle_bytes
+        # while the pool holds more than this many bytes (idle and lent), idle buffers are
+        # dropped, least recently returned first (``None``: keep them all)
+        self.max_held_bytes = max_held_bytes
         self._lock = threading.Lock()
         self._idle: dict[int, list[torch.Tensor]] = {}
         self._idle_order: list[int] = []  # capacities of idle buffers, oldest first
         self._lent: dict[int, int] = {}  # data_ptr -> capacity
-        self._held = 0
+        self._held = 0  # of the buffers allocated on their own, idle and lent
+        self._ring: _Ring | None = None
+        self._ring_wanted = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Lend buffers from a block of at least ``nbytes`` bytes, allocated once (now, or
+        once every buffer lent from a smaller one is back)."""
+        with self._lock:
+            self._ring_wanted = max(self._ring_wanted, _round_up(nbytes, PAGE_BYTES))
+            self._renew_ring()
+
+    def _renew_ring(self) -> None:
+        have = self._ring.size if self._ring is not None else 0
+        if self._ring_wanted > have and (self._ring is None or self._ring.idle):
+            self._ring = None  # the old block goes before the new one is allocated
+            self._ring = _Ring(self._ring_wanted, self.pin)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the block buffers are lent from in turn (0 without one)."""
+        with self._lock:
+            return self._ring.size if self._ring is not None else 0
+
+    @property
+    def lent_buffers(self) -> int:
+        """Buffers lent and not given back yet."""
+        with self._lock:
+            return len(self._lent) + (len(self._ring._by_ptr) if self._ring is not None else 0)
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of every buffer the pool owns, idle or lent."""
+        """Bytes of every buffer the pool owns, idle or lent, and of its reserved block."""
         with self._lock:
-            return self._held
+            return self._held + (self._ring.size if self._ring is not None else 0)
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A 1-D uint8 buffer of at least ``nbytes`` bytes whose address is page-aligned."""
@@ -80,6 +182,10 @@ class HostBufferPool:
             raise ValueError(f"cannot take a buffer of {nbytes} bytes")
         capacity = max(PAGE_BYTES, _round_up(nbytes, PAGE_BYTES))
         with self._lock:
+            if self._ring is not None:
+                buffer = self._ring.take(capacity)
+                if buffer is not None:
+                    return buffer
             idle = self._idle.get(capacity)
             if idle:
                 buffer = idle.pop()
@@ -88,11 +194,7 @@ class HostBufferPool:
                 self._idle_order.reverse()
                 self._lent[buffer.data_ptr()] = capacity
                 return buffer
-        # One page more than asked, sliced at the first aligned address; the slice keeps the
-        # whole allocation alive, and both go when the last reference does.
-        base = torch.empty(capacity + PAGE_BYTES, dtype=torch.uint8, pin_memory=self.pin)
-        skip = -base.data_ptr() % PAGE_BYTES
-        buffer = base[skip : skip + capacity]
+        buffer = _aligned(capacity, self.pin)
         with self._lock:
             self._held += capacity
             self._lent[buffer.data_ptr()] = capacity
@@ -101,6 +203,9 @@ class HostBufferPool:
     def give(self, buffer: torch.Tensor) -> None:
         """Return a buffer from :meth:`take` for reuse; its contents may be overwritten at once."""
         with self._lock:
+            if self._ring is not None and self._ring.give(buffer):
+                self._renew_ring()
+                return
             capacity = self._lent.get(buffer.data_ptr())
             if capacity is None or buffer.numel() != capacity:
                 raise ValueError(
@@ -110,12 +215,10 @@ class HostBufferPool:
             del self._lent[buffer.data_ptr()]
             self._idle.setdefault(capacity, []).append(buffer)
             self._idle_order.append(capacity)
-            if self.max_idle_bytes is not None:
-                idle_bytes = sum(self._idle_order)
-                while idle_bytes > self.max_idle_bytes:
+            if self.max_held_bytes is not None:
+                while self._held > self.max_held_bytes and self._idle_order:
                     oldest = self._idle_order.pop(0)
                     self._idle[oldest].pop(0)
-                    idle_bytes -= oldest
                     self._held -= oldest
 
     def trim(self) -> int:

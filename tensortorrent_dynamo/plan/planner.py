@@ -20,6 +20,7 @@ import psutil
 from .._native import native_planner
 from ..cost_graph import CostGraph
 from ..errors import InvalidPlacement, PlanInfeasible
+from ..io.pool import read_buffer_bytes
 from ..profile import DeviceProfile, HostProfile
 from ..settings import Settings
 from . import cache as plan_cache
@@ -175,6 +176,30 @@ class GraphPlan:
             p.fqn: "cpu" if r.streams else r.device
             for p, r in zip(self.cost.params, self.residency, strict=True)
         }
+
+    def disk_buffer_peak(self) -> int:
+        """The most bytes of read buffers the parameters this plan reads from disk hold at
+        once: each from the start of the segment that issues its read
+        (``native.param_issue_segment``, -1 for the start of the run) to the end of its
+        last use (``native.param_evict_segment``), a buffer of ``read_buffer_bytes`` each.
+        The host's budget covers them; a reader's pool may keep that much for reuse."""
+        spans = [
+            (issue, evict, read_buffer_bytes(p.nbytes))
+            for p, r, issue, evict in zip(
+                self.cost.params,
+                self.residency,
+                self.native.param_issue_segment,
+                self.native.param_evict_segment,
+                strict=True,
+            )
+            if r.reads_from_disk
+        ]
+        # held from segment `issue` through `evict`: +size there, -size after
+        change: dict[int, int] = {}
+        for issue, evict, size in spans:
+            change[issue] = change.get(issue, 0) + size
+            change[max(issue, evict) + 1] = change.get(max(issue, evict) + 1, 0) - size
+        return max(itertools.accumulate(change[s] for s in sorted(change)), default=0)
 
     def predicted_peak(self, device: str) -> int:
         for i, dev in enumerate(self.devices):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.io.pool import read_buffer_bytes
 from tensortorrent_dynamo.weights.released import released_location
 from tests.models import mlp, param_bytes
 
@@ -58,6 +59,13 @@ def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None
         for _ in range(2):  # the second call reuses the pooled host buffers
             torch.testing.assert_close(compiled(x), expected)
             assert compiled.disk_bytes_read() == sum(plan.cost.params[i].nbytes for i in streamed)
+    # every read landed in the block reserved for the plan's reads in flight, within the
+    # budget, plus the largest read (what wrapping around it may leave unused)
+    pool = compiled.graphs[0].runtime.disk.pool
+    largest = max(read_buffer_bytes(plan.cost.params[i].nbytes) for i in streamed)
+    assert 0 < plan.disk_buffer_peak() < budget
+    assert pool.reserved_bytes == plan.disk_buffer_peak() + largest == pool.held_bytes
+    assert pool.lent_buffers == 0
     assert "prefetch" in compiled.graphs[0].module.code
     text = compiled.explain()
     assert "disk tier:" in text and "RSS" in text

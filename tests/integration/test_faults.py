@@ -88,7 +88,7 @@ def _no_buffers_lent(compiled: Any) -> None:
     graph = _graph(compiled)
     disk = graph.runtime.disk
     if disk is not None:
-        assert not disk.pool._lent, "a pooled read buffer was not handed back"
+        assert not disk.pool.lent_buffers, "a pooled read buffer was not handed back"
 
 
 def test_a_damaged_shard_is_never_computed_on(tmp_path: Path) -> None:

@@ -211,4 +211,4 @@ def test_a_guarded_read_is_verified_wherever_the_damage_is(tmp_path: Path, direc
                 reader.submit(whole).result()
             path.write_bytes(data)
         assert reader.verify_seconds > 0
-        assert not reader.pool._lent
+        assert not reader.pool.lent_buffers

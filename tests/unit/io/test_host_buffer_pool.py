@@ -43,13 +43,49 @@ def test_pinned_pool_needs_cuda() -> None:
 
 
 def test_pool_keeps_idle_buffers_within_its_cap_dropping_the_oldest() -> None:
-    pool = HostBufferPool(max_idle_bytes=3 * 4096)
-    small, big = pool.take(4096), pool.take(2 * 4096)
-    other = pool.take(4096)
+    pool = HostBufferPool(max_held_bytes=3 * PAGE)
+    small, big = pool.take(PAGE), pool.take(2 * PAGE)
     pool.give(small)
     pool.give(big)
-    assert pool.held_bytes == 4 * 4096
-    pool.give(other)  # 4 pages idle: the oldest (small) goes
-    assert pool.held_bytes == 3 * 4096
-    assert pool.take(2 * 4096).data_ptr() == big.data_ptr()
-    assert pool.take(4096).data_ptr() == other.data_ptr()
+    assert pool.held_bytes == 3 * PAGE, "within the cap: both kept idle"
+    assert pool.take(PAGE).data_ptr() == small.data_ptr()
+    extra = pool.take(PAGE)  # none idle of its size: a new one, 4 pages held
+    pool.give(extra)  # over the cap: the oldest idle buffer (big) goes
+    assert pool.held_bytes == 2 * PAGE
+    assert pool.take(PAGE).data_ptr() == extra.data_ptr()
+
+
+def test_a_reserved_block_lends_buffers_in_turn_and_reuses_them() -> None:
+    pool = HostBufferPool(max_held_bytes=0)
+    pool.reserve(4 * PAGE + 1)  # whole pages: 5
+    assert pool.reserved_bytes == 5 * PAGE == pool.held_bytes
+    a, b, c = pool.take(2 * PAGE), pool.take(PAGE), pool.take(2 * PAGE)
+    assert b.data_ptr() == a.data_ptr() + 2 * PAGE, "each right after the one before"
+    assert c.data_ptr() == b.data_ptr() + PAGE and c.data_ptr() % PAGE == 0
+    assert pool.lent_buffers == 3 and pool.held_bytes == 5 * PAGE, "all from the block"
+    pool.give(a)
+    d = pool.take(2 * PAGE)  # no room at the end: wraps to the start, given back
+    assert d.data_ptr() == a.data_ptr()
+    e = pool.take(PAGE)  # b is still lent: the block has no room, a buffer of its own
+    assert not a.data_ptr() <= e.data_ptr() < a.data_ptr() + 5 * PAGE
+    assert pool.held_bytes == 6 * PAGE
+    pool.give(e)
+    assert pool.held_bytes == 5 * PAGE, "max_held_bytes=0: a buffer of its own is freed"
+    pool.give(c)  # out of turn: reused only once b, lent before it, is back
+    assert pool.take(PAGE).data_ptr() != c.data_ptr()
+    with pytest.raises(ValueError, match="given back twice"):
+        pool.give(c)
+
+
+def test_a_larger_reserve_waits_for_the_buffers_lent_from_the_block() -> None:
+    pool = HostBufferPool()
+    pool.reserve(2 * PAGE)
+    lent = pool.take(PAGE)
+    pool.reserve(8 * PAGE)
+    assert pool.reserved_bytes == 2 * PAGE, "a buffer of the old block is still lent"
+    pool.give(lent)
+    assert pool.reserved_bytes == 8 * PAGE
+    pool.reserve(4 * PAGE)
+    assert pool.reserved_bytes == 8 * PAGE, "never smaller"
+    assert [pool.take(PAGE).data_ptr() % PAGE for _ in range(8)] == [0] * 8
+    assert pool.held_bytes == 8 * PAGE
