@@ -76,6 +76,11 @@ class _Ring:
         self._by_ptr: dict[int, _Lent] = {}
 
     @property
+    def lent(self) -> int:
+        """Buffers lent and not given back yet."""
+        return len(self._by_ptr)
+
+    @property
     def idle(self) -> bool:
         return not self._lent
 
@@ -168,7 +173,7 @@ class HostBufferPool:
     def lent_buffers(self) -> int:
         """Buffers lent and not given back yet."""
         with self._lock:
-            return len(self._lent) + (len(self._ring._by_ptr) if self._ring is not None else 0)
+            return len(self._lent) + (self._ring.lent if self._ring is not None else 0)
 
     @property
     def held_bytes(self) -> int:

@@ -197,8 +197,9 @@ class GraphPlan:
         # held from segment `issue` through `evict`: +size there, -size after
         change: dict[int, int] = {}
         for issue, evict, size in spans:
+            after = max(issue, evict) + 1
             change[issue] = change.get(issue, 0) + size
-            change[max(issue, evict) + 1] = change.get(max(issue, evict) + 1, 0) - size
+            change[after] = change.get(after, 0) - size
         return max(itertools.accumulate(change[s] for s in sorted(change)), default=0)
 
     def predicted_peak(self, device: str) -> int:
