@@ -168,10 +168,8 @@ def _offload_dir(requested: Path | None) -> Path | None:
             )
             return None
         return requested
-    offload = cache.default_offload_dir()
-    problem = writable_problem(offload)
+    offload, problem = cache.measured_offload_dir()
     if problem:
-        offload = cache.fallback_offload_dir()
         print(f"note: {problem}; measuring the disk at {offload} instead", file=sys.stderr)
     return offload
 

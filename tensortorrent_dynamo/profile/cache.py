@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..io.files import write_text
+from .disk import writable_problem
 from .measure import BUDGETS, SHORT_NOTE, dtype_name
 from .schema import Fingerprint, Measurements
 
@@ -34,6 +35,14 @@ def default_offload_dir() -> Path:
 def fallback_offload_dir() -> Path:
     """The offload directory to use when the default one cannot be written."""
     return Path(tempfile.gettempdir()) / "tensortorrent" / "offload"
+
+
+def measured_offload_dir() -> tuple[Path, str | None]:
+    """Where to measure the disk unless told: the default offload directory, or the fallback
+    one when the default cannot be written (then also why not)."""
+    offload = default_offload_dir()
+    problem = writable_problem(offload)
+    return (fallback_offload_dir(), problem) if problem else (offload, None)
 
 
 def profile_path(fingerprint: Fingerprint) -> Path:
@@ -99,6 +108,16 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
             "(measured before the short profile measured them)"
         )
         return CacheLookup(path, None, problem)
+    if _missing_disk(measurements):
+        problem = (
+            f"the cached profile {path} has no disk figures "
+            "(measured before the short profile measured the disk)"
+        )
+        return CacheLookup(path, None, problem)
+    busy = _busy(measurements)
+    if busy:
+        problem = f"the cached profile {path} {busy}"
+        return CacheLookup(path, None, problem, suspicious=True)
     return CacheLookup(path, measurements)
 
 
@@ -118,6 +137,22 @@ def _missing_rows(measurements: Measurements) -> bool:
     (a profile measured before they were)."""
     cpu = measurements.device("cpu")
     return measurements.mode == "short" and cpu is not None and not cpu.matmul_rows
+
+
+def _missing_disk(measurements: Measurements) -> bool:
+    """Whether ``measurements``, a cached short profile, lacks the disk because short
+    profiles did not measure it then."""
+    return measurements.mode == "short" and measurements.disk.read.note == SHORT_NOTE
+
+
+def _busy(measurements: Measurements) -> str:
+    """Why a cached short profile should be measured again because other work was running
+    when it was measured (its figures may be low), or ``""``. A profile the user measured
+    with ``validate-hardware`` is theirs to keep."""
+    load = measurements.load
+    if measurements.mode != "short" or load.value is None or not load.note:
+        return ""
+    return f"was measured while other work used {load.value:.0f}% of the CPUs"
 
 
 def save(measurements: Measurements) -> Path:

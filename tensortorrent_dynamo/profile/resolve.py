@@ -128,18 +128,24 @@ def auto_profile() -> HostProfile:
         log.warning("%s; measuring this machine again", found.problem)
     else:
         log.info("%s", found.problem)
+    offload, problem = cache.measured_offload_dir()
+    if problem:
+        log.info("%s; measuring the disk at %s instead", problem, offload)
     log.info(
         "measuring a short host profile (CPU float32 and bfloat16 matmul, square and by rows, "
-        "memory bandwidth, per-op cost)"
+        "memory bandwidth, per-op cost, the disk at %s)",
+        offload,
     )
     started = time.perf_counter()
-    measured = measure_host("short")
-    cpu = HostProfile.from_measurements(measured, "measured now").device("cpu")
+    measured = measure_host("short", offload)
+    profile = HostProfile.from_measurements(measured, "measured now")
     log.info(
-        "measured the host profile in %.1f s: cpu %s; run `tensortorrent validate-hardware` "
-        "for every device, dtype, link and the disk",
+        "measured the host profile in %.1f s: cpu %s, disk read %s; run "
+        "`tensortorrent validate-hardware` for every device, dtype and link",
         time.perf_counter() - started,
-        format_rate(cpu.flops_per_s, "FLOP/s"),
+        format_rate(profile.device("cpu").flops_per_s, "FLOP/s"),
+        format_rate(profile.disk_read_bytes_per_s, "B/s") if profile.disk_read_bytes_per_s
+        else f"not measured ({measured.disk.read.note})",
     )
     try:
         log.info("cached the host profile at %s", cache.save(measured))

@@ -66,8 +66,13 @@ def test_first_use_measures_a_short_profile_and_caches_it(
     assert cpu.flops_per_s == profile.measurements.devices[0].matmul["float32"].value
     assert cpu.flops_per_s > 1e8 and cpu.memory_bandwidth_bytes_per_s
     assert list(cache_dir.glob("host-profile-*.json")), "the profile was not cached"
+    disk = profile.measurements.disk
+    assert disk.path == str(cache_dir / "offload"), "the disk is measured where weights go"
+    assert profile.disk_read_bytes_per_s and profile.disk_read_bytes_per_s > 1e6
+    assert not list((cache_dir / "offload").iterdir()), "the bench's file is removed"
     text = caplog.text
     assert "measuring a short host profile" in text and "measured the host profile in" in text
+    assert "disk read" in text
 
 
 def test_second_use_reads_the_cache(measure_calls: list[str]) -> None:
@@ -162,6 +167,42 @@ def test_a_short_profile_cached_before_it_measured_rates_by_rows_is_measured_aga
     assert profile.source == "measured now"
     assert "no CPU matmul rates by rows" in caplog.text
     assert profile.devices[0].flops_by_rows == {"float32": {1: 2e10}}
+
+
+def test_a_short_profile_cached_before_it_measured_the_disk_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    old = json.loads(path.read_text())
+    for figure in ("free", "read", "write", "latency"):  # as an older short profile wrote it
+        old["disk"][figure]["note"] = measure.SHORT_NOTE
+    path.write_text(json.dumps(old))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "no disk figures" in caplog.text
+
+
+def test_a_short_profile_measured_while_the_machine_was_busy_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    busy = json.loads(path.read_text())
+    busy["load"] = {"value": 80.0, "unit": "%", "method": "fake", "note": "the machine was busy"}
+    path.write_text(json.dumps(busy))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "measured while other work used 80% of the CPUs" in caplog.text
+    # A full profile the user measured is kept however busy the machine was.
+    busy["mode"] = "quick"
+    path.write_text(json.dumps(busy))
+    assert resolve.host_profile(AUTO).source.startswith("measured (cached ")
+    assert measure_calls == ["short", "short"]
 
 
 def test_unwritable_cache_measures_once_per_process(
