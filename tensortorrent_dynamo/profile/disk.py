@@ -226,7 +226,8 @@ class DiskBench:
             unit="B/s",
             method=(
                 f"{how} of a {format_bytes(self.nbytes)} file written once as offloaded "
-                f"weights are (buffered, fsync), in {format_bytes(BLOCK_BYTES)} blocks into a new page-aligned buffer each pass; size / median over "
+                f"weights are (buffered, fsync), in {format_bytes(BLOCK_BYTES)} blocks into "
+                "a new page-aligned buffer each pass; size / median over "
                 f"{len(samples)} samples of the mean time of {PASSES_PER_SAMPLE} passes, "
                 f"after 1 warm-up pass; at {self._where()}"
             ),

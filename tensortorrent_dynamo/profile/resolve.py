@@ -144,7 +144,8 @@ def auto_profile() -> HostProfile:
         "`tensortorrent validate-hardware` for every device, dtype and link",
         time.perf_counter() - started,
         format_rate(profile.device("cpu").flops_per_s, "FLOP/s"),
-        format_rate(profile.disk_read_bytes_per_s, "B/s") if profile.disk_read_bytes_per_s
+        format_rate(profile.disk_read_bytes_per_s, "B/s")
+        if profile.disk_read_bytes_per_s
         else f"not measured ({measured.disk.read.note})",
     )
     try:

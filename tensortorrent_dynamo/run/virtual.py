@@ -66,8 +66,8 @@ class VirtualDevice:
         self.name = name
         self.ledger = MemoryLedger(name, capacity)
         self.timeout_s = timeout_s
-        # storage data_ptr -> [nbytes, number of live tensors using it]
-        self._storages: dict[int, list[int]] = {}
+        # storage data_ptr -> [nbytes, number of live tensors using it, what it first held]
+        self._storages: dict[int, list[Any]] = {}
         self._tensors: dict[int, Any] = {}
         # nbytes -> idle flat uint8 buffers of streamed parameters, reused across calls
         self._idle: dict[int, list[torch.Tensor]] = {}
@@ -94,10 +94,23 @@ class VirtualDevice:
         try:
             self._account(tensor, what)
         except VirtualDeviceOutOfMemory:
-            if not self.trim():
-                raise
-            self._account(tensor, what)
+            self.trim()
+            try:
+                self._account(tensor, what)
+            except VirtualDeviceOutOfMemory as exc:
+                raise VirtualDeviceOutOfMemory(f"{exc} In use: {self.in_use()}") from None
         return tensor
+
+    def in_use(self, largest: int = 8) -> str:
+        """The ``largest`` storages this device holds, by size: what an out-of-memory error
+        names, so that an estimate that was too low shows what it missed."""
+        with self._lock:
+            entries = sorted(self._storages.values(), key=lambda e: -e[0])
+        shown = [f"{format_bytes(nbytes)} {what}" for nbytes, _, what in entries[:largest]]
+        if len(entries) > largest:
+            rest = sum(e[0] for e in entries[largest:])
+            shown.append(f"{format_bytes(rest)} in {len(entries) - largest} more")
+        return "; ".join(shown) or "nothing"
 
     def hold(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """Account ``tensor`` (the caller's, written in place by a graph) here from now on,
@@ -135,7 +148,7 @@ class VirtualDevice:
             entry = self._storages.get(ptr)
             if entry is None:
                 self.ledger.allocate(nbytes, what)
-                self._storages[ptr] = [nbytes, 1]
+                self._storages[ptr] = [nbytes, 1, what]
             else:
                 entry[1] += 1
             self._tensors[id(tensor)] = weakref.finalize(tensor, self._release, id(tensor), ptr)
@@ -164,7 +177,14 @@ class VirtualDevice:
         storage = buffer.untyped_storage()
         flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
         flat = self.adopt(flat, "idle buffer")
+        # From now on the pool alone holds the buffer: the caller's tensor over it lets go
+        # of it, so a reference to that tensor that outlives the call (in garbage a cyclic
+        # collection has not reached yet) cannot keep it from being freed by ``trim``.
+        self.disown(buffer)
+        buffer.set_(torch.empty(0, dtype=torch.uint8).untyped_storage())
         with self._lock:
+            entry = self._storages[storage.data_ptr()]
+            entry[2] = f"idle buffer, last {entry[2]}"
             self._idle.setdefault(flat.numel(), []).append(flat)
 
     def trim(self) -> int:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -90,6 +91,35 @@ def test_idle_buffers_are_dropped_before_running_out_of_memory() -> None:
     assert dev.ledger.live == 800
     other = dev.copy_in(torch.ones(100), "x")  # needs 400: the idle 800 go first
     assert dev.ledger.live == 400 and other.numel() == 100
+
+
+def test_an_idle_buffer_is_dropped_even_while_garbage_still_refers_to_the_landed_tensor() -> None:
+    """A reference cycle that outlives the call (garbage a cyclic collection has not reached
+    yet) refers to the tensor a streamed parameter landed in: once its buffer is back in the
+    pool, the pool alone holds the memory, and dropping idle buffers frees it."""
+    dev = VirtualDevice("virtual:0", capacity=1000)
+    handle = VirtualEngine(dev, Recorder()).prefetch(lambda: torch.ones(200), torch.ones(200), "w")
+    cycle: list[Any] = [handle.result()]
+    cycle.append(cycle)
+    handle.release()
+    gc.disable()
+    try:
+        assert "idle buffer, last w" in dev.in_use()
+        other = dev.copy_in(torch.ones(100), "x")  # needs 400: the idle 800 must go
+        assert dev.ledger.live == 400 and other.numel() == 100
+        assert cycle[0].numel() == 0, "the stale tensor no longer holds the buffer"
+    finally:
+        gc.enable()
+        del cycle
+
+
+def test_running_out_of_memory_names_what_is_in_use() -> None:
+    dev = VirtualDevice("virtual:0", capacity=1000)
+    keep = [dev.copy_in(torch.ones(150), "the big one"), dev.copy_in(torch.ones(50), "small")]
+    with pytest.raises(VirtualDeviceOutOfMemory) as info:
+        dev.copy_in(torch.ones(100), "x")
+    assert str(info.value).endswith("In use: 600 B the big one; 200 B small"), str(info.value)
+    assert len(keep) == 2
 
 
 def test_a_spilled_value_leaves_the_device_and_comes_back() -> None:
