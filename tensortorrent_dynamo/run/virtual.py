@@ -66,7 +66,7 @@ class VirtualDevice:
         self.name = name
         self.ledger = MemoryLedger(name, capacity)
         self.timeout_s = timeout_s
-        # storage data_ptr -> [nbytes, number of live tensors using it, what it first held]
+        # storage data_ptr -> [nbytes, number of live tensors using it, what it holds]
         self._storages: dict[int, list[Any]] = {}
         self._tensors: dict[int, Any] = {}
         # nbytes -> idle flat uint8 buffers of streamed parameters, reused across calls
@@ -161,6 +161,8 @@ class VirtualDevice:
         with self._lock:
             idle = self._idle.get(nbytes)
             flat = idle.pop() if idle else None
+            if flat is not None:
+                self._storages[flat.untyped_storage().data_ptr()][2] = what
         if flat is None:
             flat = self.adopt(torch.empty(nbytes, dtype=torch.uint8), what)
         # every tensor object over the buffer is adopted: the ledger frees the storage

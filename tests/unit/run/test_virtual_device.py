@@ -79,6 +79,7 @@ def test_streamed_buffers_are_reused_not_reallocated() -> None:
     assert second.result().data_ptr() == ptr and second.result().shape == (10, 10)
     torch.testing.assert_close(second.result(), torch.zeros(10, 10))
     assert dev.ledger.live == 400 and dev.ledger.peak == 400
+    assert dev.in_use() == "400 B w", "a reused buffer is named for what it now holds"
     with pytest.raises(AssertionError, match="out of order"):
         second.release()
         second.result()
