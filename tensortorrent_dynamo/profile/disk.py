@@ -27,8 +27,10 @@ from .schema import Figure
 
 BLOCK_BYTES = 4 * 1024**2
 _LATENCY_WARMUP = 5
-# Passes over the file per timed sample: on some virtual disks consecutive passes alternate
-# between fast and slow, and a median of single passes would flip between the two.
+# Timed passes over the file per requested sample. On virtual disks passes come fast or slow
+# (here 1.1 and 2.4 GB/s, dd alike), in spells that may outlast a whole measurement: a rate
+# is the bytes of all timed passes over their total time, what streaming many of them would
+# get, never a median that lands on one of the two; the method gives single passes' range.
 PASSES_PER_SAMPLE = 2
 
 
@@ -73,6 +75,9 @@ class DiskBench:
     ) -> None:
         self.directory = directory
         self.path = directory / f".tensortorrent-diskbench-{os.getpid()}.bin"
+        # The file the read and latency figures time: written once, before the write passes.
+        self.weights_path = directory / f".tensortorrent-diskbench-{os.getpid()}-read.bin"
+        self._weights_written = False
         free = psutil.disk_usage(str(directory)).free
         # Leave most of the free space alone: the bench must never fill the disk.
         self.nbytes = min(nbytes, free // 4) // BLOCK_BYTES * BLOCK_BYTES
@@ -82,8 +87,11 @@ class DiskBench:
         self.free = free
         self.fs = filesystem(directory)
         self.block = mmap.mmap(-1, BLOCK_BYTES)
-        # Random bytes, so a compressing filesystem cannot make the file smaller than it is.
         self.block.write(os.urandom(BLOCK_BYTES))
+        # What the write passes write: random bytes, no block repeated, so that neither a
+        # compressing filesystem nor storage that stores a repeated block once can make the
+        # file cheaper than weights of its size (made on the first write pass).
+        self._content: mmap.mmap | None = None
         self.evicted_by = ""
         try:
             self.direct = self._direct_works() if direct is None else direct
@@ -93,7 +101,10 @@ class DiskBench:
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
+        self.weights_path.unlink(missing_ok=True)
         self.block.close()
+        if self._content is not None:
+            self._content.close()
 
     def _direct_works(self) -> bool:
         flag = getattr(os, "O_DIRECT", 0)
@@ -116,8 +127,9 @@ class DiskBench:
             os.close(fd)
         return True
 
-    def _open(self, flags: int) -> int:
-        return os.open(self.path, flags | (os.O_DIRECT if self.direct else 0), 0o600)
+    def _open(self, flags: int, path: Path | None = None) -> int:
+        flags |= os.O_DIRECT if self.direct else 0
+        return os.open(self.path if path is None else path, flags, 0o600)
 
     def _where(self) -> str:
         note = " (tmpfs keeps files in RAM)" if self.fs.startswith("tmpfs") else ""
@@ -128,22 +140,31 @@ class DiskBench:
             return ""
         return "the page cache could not be dropped here: this may be memory speed"
 
-    def _samples(self, once: Callable[[], float], share: float) -> list[float]:
-        """Seconds per pass of ``once``: one sample per ``PASSES_PER_SAMPLE`` passes.
+    def _passes(self, once: Callable[[], float], share: float) -> list[float]:
+        """Seconds of each timed pass of ``once``: ``PASSES_PER_SAMPLE`` per requested sample.
 
-        One untimed warm-up pass comes first; sampling stops early past ``share`` of the budget.
+        One untimed warm-up pass comes first; passes stop early past ``share`` of the budget.
         """
         deadline = time.perf_counter() + share * self.budget_s
         once()
-        samples: list[float] = []
-        while len(samples) < self.samples:
-            samples.append(sum(once() for _ in range(PASSES_PER_SAMPLE)) / PASSES_PER_SAMPLE)
-            if time.perf_counter() > deadline:
+        times: list[float] = []
+        while len(times) < self.samples * PASSES_PER_SAMPLE:
+            times.append(once())
+            if len(times) % PASSES_PER_SAMPLE == 0 and time.perf_counter() > deadline:
                 break
-        return samples
+        return times
+
+    def _rate(self, times: list[float]) -> tuple[float, str]:
+        """The rate of all ``times`` together, and how it was found."""
+        low, high = self.nbytes / max(times) / 1e9, self.nbytes / min(times) / 1e9
+        how = (
+            f"size x {len(times)} passes / their total time (single passes "
+            f"{low:.2f}-{high:.2f} GB/s), after 1 warm-up pass"
+        )
+        return self.nbytes * len(times) / sum(times), how
 
     def _buffer(self) -> mmap.mmap:
-        """A new page-aligned copy of the random block, its pages already faulted in.
+        """A new page-aligned buffer of a block's size, its pages already faulted in.
 
         Each pass gets its own, so that no single buffer's placement in memory skews every pass.
         """
@@ -152,42 +173,52 @@ class DiskBench:
         return buf
 
     def _write_once(self) -> float:
-        buf = self._buffer()
+        if self._content is None:
+            self._content = mmap.mmap(-1, self.nbytes)
+            self._content.write(random.Random(1).randbytes(self.nbytes))
+        content = memoryview(self._content)
         fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             start = time.perf_counter()
             for offset in range(0, self.nbytes, BLOCK_BYTES):
-                if os.pwrite(fd, buf, offset) != BLOCK_BYTES:
+                block = content[offset : offset + BLOCK_BYTES]
+                if os.pwrite(fd, block, offset) != BLOCK_BYTES:
                     raise OSError(errno.EIO, f"short write to {self.path}")
             os.fsync(fd)
             return time.perf_counter() - start
         finally:
             os.close(fd)
-            buf.close()
+            content.release()
 
     def _write_as_offloaded(self) -> None:
-        """Write the file once as offloaded weights are written: buffered, then fsync.
+        """Write the file the reads time, once, as offloaded weights are: buffered, then fsync.
 
-        Reads are timed on this file, not on the one the write passes just rewrote: some
-        virtual disks serve freshly written ``O_DIRECT`` blocks from a cache of their own, at
-        several times the rate at which they read weights written once.
+        Random bytes, no block repeated nor shared with the write passes' file, written
+        before them: weights are neither repeated blocks nor just rewritten, and storage may
+        serve either faster. A precaution, not a finding: where the bench read 2.6-3.3 GB/s
+        against 1.0-1.35 for ``dd`` passes' mean, single ``dd`` passes also reached 2.4
+        (fast and slow spells of the disk, see ``PASSES_PER_SAMPLE``).
         """
-        with open(self.path, "wb") as file:
+        if self._weights_written:
+            return
+        rng = random.Random(2)
+        with open(self.weights_path, "wb") as file:
             for _ in range(0, self.nbytes, BLOCK_BYTES):
-                file.write(self.block)
+                file.write(rng.randbytes(BLOCK_BYTES))
             file.flush()
             os.fsync(file.fileno())
+        self._weights_written = True
 
     def _read_once(self) -> float:
         buf = self._buffer()
-        fd = self._open(os.O_RDONLY)
+        fd = self._open(os.O_RDONLY, self.weights_path)
         try:
             if not self.direct:
                 self.evicted_by = page_cache.drop_file(fd)
             start = time.perf_counter()
             for offset in range(0, self.nbytes, BLOCK_BYTES):
                 if os.preadv(fd, [buf], offset) <= 0:
-                    raise OSError(errno.EIO, f"{self.path} is shorter than written")
+                    raise OSError(errno.EIO, f"{self.weights_path} is shorter than written")
             return time.perf_counter() - start
         finally:
             os.close(fd)
@@ -198,46 +229,46 @@ class DiskBench:
         return Figure(float(self.free), "B", f"psutil.disk_usage({str(self.directory)!r}).free")
 
     def write(self) -> Figure:
-        """Sequential write bandwidth: file size / median time of a write plus fsync."""
-        samples = self._samples(self._write_once, 0.4)
+        """Sequential write bandwidth: bytes over the time of writes, each with its fsync."""
+        self._write_as_offloaded()
+        value, rate = self._rate(self._passes(self._write_once, 0.4))
         how = "O_DIRECT writes" if self.direct else "buffered writes"
         return Figure(
-            value=self.nbytes / statistics.median(samples),
+            value=value,
             unit="B/s",
             method=(
-                f"{how} of a {format_bytes(self.nbytes)} file of random bytes in "
-                f"{format_bytes(BLOCK_BYTES)} blocks from a new page-aligned buffer each pass, "
-                f"then fsync; size / median over {len(samples)} samples of the mean time of "
-                f"{PASSES_PER_SAMPLE} passes, after 1 warm-up pass; at {self._where()}"
+                f"{how} of a {format_bytes(self.nbytes)} file of random bytes, no block "
+                f"repeated, in {format_bytes(BLOCK_BYTES)} blocks from a page-aligned buffer, "
+                f"then fsync; {rate}; at {self._where()}"
             ),
         )
 
     def read(self) -> Figure:
         """Sequential read bandwidth, with the page cache kept out."""
         self._write_as_offloaded()
-        samples = self._samples(self._read_once, 0.4)
+        value, rate = self._rate(self._passes(self._read_once, 0.4))
         if self.direct:
             how = "O_DIRECT reads"
         else:
             evict = self.evicted_by or "nothing (no way to drop the page cache)"
             how = f"buffered reads after evicting the file from the page cache by {evict}"
         return Figure(
-            value=self.nbytes / statistics.median(samples),
+            value=value,
             unit="B/s",
             method=(
-                f"{how} of a {format_bytes(self.nbytes)} file written once as offloaded "
-                f"weights are (buffered, fsync), in {format_bytes(BLOCK_BYTES)} blocks into "
-                "a new page-aligned buffer each pass; size / median over "
-                f"{len(samples)} samples of the mean time of {PASSES_PER_SAMPLE} passes, "
-                f"after 1 warm-up pass; at {self._where()}"
+                f"{how} of a {format_bytes(self.nbytes)} file of random bytes, no block "
+                "repeated, written once as offloaded weights are (buffered, fsync) before "
+                f"the write passes, in {format_bytes(BLOCK_BYTES)} blocks into a new "
+                f"page-aligned buffer each pass; {rate}; at {self._where()}"
             ),
             note=self._cache_note(),
         )
 
     def latency(self) -> Figure:
         """Median time of one 4 KiB read at a random aligned offset of the file."""
+        self._write_as_offloaded()
         page = mmap.mmap(-1, PAGE_BYTES)
-        fd = self._open(os.O_RDONLY)
+        fd = self._open(os.O_RDONLY, self.weights_path)
         try:
             if not self.direct:
                 self.evicted_by = page_cache.drop_file(fd)

@@ -1,7 +1,8 @@
 """Benchmarks of the host: matmul FLOP/s per dtype, memory bandwidth and per-op latency of each
 device, host<->device and device<->device copy bandwidth, and the disk tier.
 
-Every figure is a median over timed samples taken after untimed warm-up calls.
+Every figure is a median over timed samples taken after untimed warm-up calls, but the disk's
+read and write rates, which are bytes over the total time of their passes (see ``disk``).
 """
 
 from __future__ import annotations

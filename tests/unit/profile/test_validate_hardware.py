@@ -37,16 +37,16 @@ def _naive_matmul_flops(n: int = 1024) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
-def _naive_disk_read(directory: Path, nbytes: int = 64 * MIB, passes: int = 8) -> float:
-    """``dd if=FILE of=/dev/null bs=4M iflag=direct``, 8 times, on a file written here.
+def _naive_disk_reads(directory: Path, nbytes: int = 64 * MIB, passes: int = 8) -> list[float]:
+    """``dd if=FILE of=/dev/null bs=4M iflag=direct``, 8 times, on a file written here: the
+    rate of each pass.
 
     Each pass is a fresh ``dd`` process, as the command it is compared with is a fresh
     process: made from this long-lived test process instead, after some 400 tests, the
     reads came out at 0.61-0.66 GB/s where the command read 1.84 GB/s on the development
     machine (alone, both agreed within 15%).
     Without ``dd`` (or where ``O_DIRECT`` is refused) the reads are made here, evicting the
-    page cache first. Bytes read over the time of all passes together, since a virtual
-    disk may alternate between fast and slow passes.
+    page cache first.
     """
     path = directory / "naive.bin"
     with open(path, "wb") as f:
@@ -54,13 +54,13 @@ def _naive_disk_read(directory: Path, nbytes: int = 64 * MIB, passes: int = 8) -
         f.flush()
         os.fsync(f.fileno())
     dd = shutil.which("dd")
-    elapsed = 0.0
+    rates = []
     try:
         for _ in range(passes):
             command = [dd or "dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct"]
             start = time.perf_counter()
             if dd and subprocess.run(command, capture_output=True).returncode == 0:
-                elapsed += time.perf_counter() - start
+                rates.append(nbytes / (time.perf_counter() - start))
                 continue
             block = mmap.mmap(-1, 4 * MIB)
             try:
@@ -71,12 +71,12 @@ def _naive_disk_read(directory: Path, nbytes: int = 64 * MIB, passes: int = 8) -
             start = time.perf_counter()
             while os.readv(fd, [block]) > 0:
                 pass
-            elapsed += time.perf_counter() - start
+            rates.append(nbytes / (time.perf_counter() - start))
             os.close(fd)
             block.close()
     finally:
         path.unlink()
-    return passes * nbytes / elapsed
+    return rates
 
 
 def _figures(node: Any) -> Iterator[dict[str, Any]]:
@@ -97,7 +97,7 @@ class Run:
     tmp: Path
     output: str
     naive_flops: tuple[float, ...]
-    naive_disk_read: tuple[float, ...]
+    naive_disk_reads: tuple[float, ...]
 
 
 def _within_2x(measured: float, naive: tuple[float, ...]) -> bool:
@@ -115,7 +115,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("validate")
     (tmp / "offload").mkdir()
     flops_before = [_naive_matmul_flops() for _ in range(3)]
-    disk_before = _naive_disk_read(tmp / "offload")
+    disk_before = _naive_disk_reads(tmp / "offload")
     out = tmp / "report.json"
     env = {**os.environ, cache.CACHE_DIR_ENV: str(tmp / "cache")}
     cmd = [sys.executable, "-m", "tensortorrent_dynamo.cli", "validate-hardware", "--quick"]
@@ -126,7 +126,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         report=json.loads(out.read_text()),
         tmp=tmp,
         output=result.stdout + result.stderr,
-        naive_disk_read=(disk_before, _naive_disk_read(tmp / "offload")),
+        naive_disk_reads=(*disk_before, *_naive_disk_reads(tmp / "offload")),
         naive_flops=(*flops_before, *(_naive_matmul_flops() for _ in range(3))),
     )
 
@@ -140,10 +140,17 @@ def test_cpu_float32_flops_agree_with_a_plain_matmul(run: Run) -> None:
 
 
 def test_disk_read_agrees_with_a_direct_read(run: Run) -> None:
+    """Within 2x of the range of single ``dd`` passes, not of their mean.
+
+    Virtual disks serve a pass fast or slow (here 1.1 or 2.4 GB/s), in spells that can
+    outlast the command's whole disk step, so its figure may sit at either end; the page
+    cache, which this guards against, reads several times faster than the fast end (here
+    7.5-9.2 GB/s).
+    """
     report = run.report
     measured = report["disk"]["read"]["value"]
-    naive = run.naive_disk_read
-    assert _within_2x(measured, naive), (measured, naive)
+    naive = run.naive_disk_reads
+    assert _within_2x(measured, naive), (measured, report["disk"]["read"]["method"], naive)
     method = report["disk"]["read"]["method"]
     assert "O_DIRECT" in method or "posix_fadvise" in method or "drop_caches" in method
 
