@@ -315,6 +315,12 @@ def print_summary(name: str, payload: Mapping[str, Any]) -> None:
                 f"{_f(gen['decode_tokens_per_s_warm'], '.2f'):>9}{peak / mib:>14.0f}"
                 f"{_f(None if read is None else read / mib, '.2f'):>16}{_f(over, '.2f'):>15}"
             )
+            if row.get("disk_busy_share_cold") is not None:
+                rate = (row.get("disk_read_bytes_per_s_while_busy_cold") or 0) / 1e9
+                print(
+                    f"  {'':<16}disk busy {100 * row['disk_busy_share_cold']:.0f}% of a cold "
+                    f"generate(), reading {_f(rate, '.2f')} GB/s meanwhile"
+                )
         aims = data["targets"]
         accel, step = aims["decode_tokens_per_s_over_accelerate"], aims["decode_step_over_bound"]
         print(

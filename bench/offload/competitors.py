@@ -184,6 +184,8 @@ class TensorTorrent(Competitor):
     compiled: Any = None
     _disk_read = 0
     """Bytes the last generative call read from disk (by the backend's readers)."""
+    _disk_busy_s = 0.0
+    """Seconds of the last call during which the backend's readers had a read in flight."""
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -214,7 +216,14 @@ class TensorTorrent(Competitor):
             return self.prepare_generate(source, inputs)
         compiled = tt.compile(source, example_inputs=inputs, **self.options())
         self.compiled = compiled
-        return lambda: compiled(*inputs)
+
+        def call() -> Any:
+            before = self._disk_busy_total()
+            out = compiled(*inputs)
+            self._disk_busy_s = self._disk_busy_total() - before
+            return out
+
+        return call
 
     def prepare_generate(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Call:
         """``model.forward`` compiled by ``torch.compile(backend="tensortorrent")``, called by
@@ -237,9 +246,10 @@ class TensorTorrent(Competitor):
         generate = self.generation(model, inputs, static_cache=True)
 
         def call() -> dict[str, torch.Tensor]:
-            before = self._disk_bytes_total()
+            before, busy = self._disk_bytes_total(), self._disk_busy_total()
             out = generate()
             self._disk_read = self._disk_bytes_total() - before
+            self._disk_busy_s = self._disk_busy_total() - busy
             return out
 
         call()
@@ -252,10 +262,20 @@ class TensorTorrent(Competitor):
         sessions = tensortorrent_backend.sessions.values()
         return sum(s.disk.reader.bytes_read for s in sessions if s.disk is not None)
 
+    def _disk_busy_total(self) -> float:
+        """Seconds the backend's disk readers have had a read in flight so far (those of
+        ``tt.compile``'s backend, else of the registered one)."""
+        from tensortorrent_dynamo import tensortorrent_backend
+
+        backend = tensortorrent_backend if self.compiled is None else self.compiled.backend
+        sessions = backend.sessions.values()
+        return sum(s.disk.reader.busy_seconds for s in sessions if s.disk is not None)
+
     def after_call(self) -> dict[str, Any]:
+        busy = {"disk_busy_s": self._disk_busy_s}
         if self.compiled is not None:
-            return {"disk_bytes_read": int(self.compiled.disk_bytes_read())}
-        return {**super().after_call(), "disk_bytes_read": self._disk_read}
+            return {"disk_bytes_read": int(self.compiled.disk_bytes_read()), **busy}
+        return {**super().after_call(), "disk_bytes_read": self._disk_read, **busy}
 
     def regime_info(self) -> dict[str, Any]:
         if self.compiled is not None:

@@ -429,9 +429,16 @@ def print_summary(name: str, payload: Mapping[str, Any]) -> None:
                 continue
             cold = " ".join(_fmt(x["median_ms_cold"], ".0f") for x in row["rounds"])
             warm = " ".join(_fmt(x["median_ms_warm"], ".0f") for x in row["rounds"])
+            busy = ""
+            if row.get("disk_busy_share_cold") is not None:
+                rate = (row.get("disk_read_bytes_per_s_while_busy_cold") or 0) / 1e9
+                busy = (
+                    f"  disk busy {100 * row['disk_busy_share_cold']:.0f}% of a cold call, "
+                    f"reading {_fmt(rate)} GB/s meanwhile"
+                )
             print(
                 f"  {competitor:<24} cold {_fmt(row['median_ms_cold'], '8.1f')} ({cold})  "
-                f"warm {_fmt(row['median_ms_warm'], '8.1f')} ({warm})"
+                f"warm {_fmt(row['median_ms_warm'], '8.1f')} ({warm}){busy}"
             )
         for competitor, ratios in data["ratios"].items():
             for key in (*RATIO_KEYS, "over_eager_warm"):

@@ -137,6 +137,22 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ]
     if disk_reads:
         row["disk_bytes_read_cold"] = disk_reads
+    busy = [
+        (c["disk_busy_s"], ms / 1e3, c.get("disk_bytes_read"))
+        for r in results
+        for ms, c in zip(r["cold"]["times_ms"], r["cold"]["per_call"], strict=True)
+        if c.get("disk_busy_s")
+    ]
+    if busy:
+        # how much of its time a call kept the disk busy, and the rate its reads got meanwhile:
+        # the runtime's overlap apart from the disk's speed during the call
+        row["disk_busy_share_cold"] = _median([b / s for b, s, _ in busy])
+        row["disk_read_bytes_per_s_while_busy_cold"] = _median([n / b for b, _, n in busy if n])
+        row["disk_busy_source"] = (
+            "DiskReader.busy_seconds over each cold call (time with at least one read in "
+            "flight): its share of the call, and the call's disk bytes over it; medians over "
+            "every cold call of every round"
+        )
     streamed, source = _streamed(results[0])
     if streamed is not None:
         row["streamed_bytes"] = _median([x["streamed_bytes"] for x in rounds])

@@ -178,6 +178,11 @@ class DiskReader:
         self._replaced: list[_OpenFile] = []  # may still be read from; closed by close()
         self._bytes_read = 0
         self._verify_s = 0.0
+        # reads submitted and not yet complete, since when some have been, and the seconds
+        # during which some were (what a timeline of the disk would show as busy)
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._busy_s = 0.0
         self._closed = False
         # a test seam: called with each request's location before it is read
         self.before_read: Callable[[TensorLocation], None] | None = None
@@ -193,6 +198,15 @@ class DiskReader:
         """Bytes of tensor data delivered so far (not counting alignment padding)."""
         with self._lock:
             return self._bytes_read
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds so far during which at least one submitted read was not complete: over
+        a call, the call's time the disk was kept busy (its bytes over it, the rate the
+        reads got)."""
+        with self._lock:
+            open_s = time.perf_counter() - self._busy_since if self._in_flight else 0.0
+            return self._busy_s + open_s
 
     @property
     def verify_seconds(self) -> float:
@@ -233,6 +247,10 @@ class DiskReader:
             first, last = low, high
             buffer = self.pool.take(high - low)
         job = _Job(loc, file, buffer, first, last)
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
         share = _round_up(-(-(last - first) // self.threads), PAGE_BYTES)
         step = min(self.chunk_bytes, max(share, MIN_REQUEST_BYTES))
         spans = [
@@ -392,6 +410,10 @@ class DiskReader:
                 self._verified(job)
             except BaseException as exc:
                 job.error = exc
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._busy_s += time.perf_counter() - self._busy_since
         if job.error is not None:
             self.pool.give(job.buffer)
             job.future.set_exception(job.error)

@@ -71,6 +71,7 @@ def test_generate_bench(tmp_path: Path) -> None:
     assert rows["accelerate"]["device_map_split"].keys() == {"cpu", "disk"}
     tt = check_generation(rows["tensortorrent"])
     assert tt["disk_bytes_read_per_step_cold"] > 0, "the plan streams weights from disk"
+    assert 0 < rows["tensortorrent"]["disk_busy_share_cold"] <= 1
     # the static cache: one prefill graph and one decode graph
     assert "2 graph(s)" in rows["tensortorrent"]["explain"]
     bound = data["regimes"][regime]["lower_bound"]

@@ -94,6 +94,9 @@ def check_tensortorrent(data: dict[str, Any], regime: str) -> None:
     check_common(row)
     assert "Devices" in row["explain"]
     assert row["streamed_bytes"] > 0
+    # the call kept the disk busy part of its time, at a rate its bytes over that time
+    assert 0 < row["disk_busy_share_cold"] <= 1
+    assert row["disk_read_bytes_per_s_while_busy_cold"] > 0
     ratios = data["regimes"][regime]["ratios"][name]
     assert ratios["over_accelerate_cold"] > 0 and ratios["over_lower_bound_cold"] > 0
     # one round: its ratio is the headline, and the ratio of the pooled medians

@@ -6,6 +6,8 @@ import dataclasses
 import errno
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +187,34 @@ def test_one_read_is_shared_by_every_thread(
         requests.clear()
         reader.submit(span(path, 0, 64 * 1024)).result()
         assert requests == [64 * 1024], "a small read stays one request"
+
+
+def test_busy_seconds_count_time_with_reads_in_flight_once(tmp_path: Path) -> None:
+    """Two reads in flight together count their common time once; idle time not at all."""
+    path, _ = raw_file(tmp_path, FILE_BYTES)
+    started = threading.Event()
+    release = threading.Event()
+    with DiskReader(HostBufferPool(), threads=2, direct=False) as reader:
+        assert reader.busy_seconds == 0.0
+
+        def hold(loc: TensorLocation) -> None:
+            started.set()
+            release.wait(timeout=10)
+
+        reader.before_read = hold
+        begin = time.perf_counter()
+        futures = [reader.submit(span(path, 0, 100)), reader.submit(span(path, PAGE, 100))]
+        assert started.wait(timeout=10)
+        time.sleep(0.05)
+        assert reader.busy_seconds >= 0.05  # counted while still in flight
+        release.set()
+        for future in futures:
+            reader.pool.give(future.result().buffer)
+        elapsed = time.perf_counter() - begin
+        busy = reader.busy_seconds
+        assert 0.05 <= busy <= elapsed
+        time.sleep(0.05)
+        assert reader.busy_seconds == busy, "no read in flight: the disk is idle"
 
 
 @pytest.mark.parametrize("direct", [None, False])
