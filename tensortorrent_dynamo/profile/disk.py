@@ -175,7 +175,10 @@ class DiskBench:
     def _write_once(self) -> float:
         if self._content is None:
             self._content = mmap.mmap(-1, self.nbytes)
-            self._content.write(random.Random(1).randbytes(self.nbytes))
+            rng = random.Random(1)
+            # a block at a time: one randbytes call cannot make 256 MiB
+            for _ in range(0, self.nbytes, BLOCK_BYTES):
+                self._content.write(rng.randbytes(BLOCK_BYTES))
         content = memoryview(self._content)
         fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
