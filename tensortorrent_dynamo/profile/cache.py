@@ -11,7 +11,7 @@ from pathlib import Path
 from ..io.files import write_text
 from .disk import writable_problem
 from .measure import BUDGETS, SHORT_NOTE, dtype_name
-from .schema import Fingerprint, Measurements
+from .schema import COMPUTE_SLOWDOWN_NOTE, Fingerprint, Measurements
 
 CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
 _PREFIX = "host-profile-"
@@ -110,8 +110,8 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
         return CacheLookup(path, None, problem)
     if _missing_disk(measurements):
         problem = (
-            f"the cached profile {path} has no disk figures "
-            "(measured before the short profile measured the disk)"
+            f"the cached profile {path} has no disk figures, or none of how compute slows "
+            "while the disk reads (measured before the short profile measured them)"
         )
         return CacheLookup(path, None, problem)
     busy = _busy(measurements)
@@ -140,9 +140,13 @@ def _missing_rows(measurements: Measurements) -> bool:
 
 
 def _missing_disk(measurements: Measurements) -> bool:
-    """Whether ``measurements``, a cached short profile, lacks the disk because short
-    profiles did not measure it then."""
-    return measurements.mode == "short" and measurements.disk.read.note == SHORT_NOTE
+    """Whether ``measurements``, a cached short profile, lacks the disk, or how compute
+    slows while it reads, because short profiles did not measure them then."""
+    disk = measurements.disk
+    old = disk.read.note == SHORT_NOTE or (
+        disk.read.value is not None and disk.compute_slowdown.note == COMPUTE_SLOWDOWN_NOTE
+    )
+    return measurements.mode == "short" and old
 
 
 def _busy(measurements: Measurements) -> str:

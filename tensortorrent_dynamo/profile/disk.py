@@ -212,6 +212,12 @@ class DiskBench:
             os.fsync(file.fileno())
         self._weights_written = True
 
+    def read_file(self) -> Path:
+        """The file the reads time (written now if it was not yet), for other measurements
+        that need the disk busy with reads; removed by ``close()``."""
+        self._write_as_offloaded()
+        return self.weights_path
+
     def _read_once(self) -> float:
         buf = self._buffer()
         fd = self._open(os.O_RDONLY, self.weights_path)

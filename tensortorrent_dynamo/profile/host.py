@@ -144,6 +144,14 @@ class HostProfile:
         return self.measurements.disk.latency.value if self.measurements else None
 
     @property
+    def compute_slowdown_while_reading(self) -> float:
+        """How many times longer the host's compute takes while the disk reader streams
+        weights (``disk.compute_slowdown``): measured, at least 1 (a figure under 1 is the
+        noise of an unslowed machine), else 1."""
+        value = self.measurements.disk.compute_slowdown.value if self.measurements else None
+        return max(1.0, value) if value else 1.0
+
+    @property
     def planned_disk_latency_s(self) -> float:
         """The fixed cost of a disk read issued to an idle disk that the planner uses: the
         disk's latency (the measured time of a random 4 KiB read, else the nominal 0.1 ms)

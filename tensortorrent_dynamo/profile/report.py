@@ -81,6 +81,15 @@ def format_report(m: Measurements) -> str:
         ["disk", "read", format_value(disk.read), _disk_how(disk.read)],
         ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],
         ["disk", "free", format_value(disk.free), disk.path or disk.free.note],
+        [
+            "disk",
+            "cpu matmul slowdown while reading",
+            format_value(disk.compute_slowdown),
+            disk.compute_slowdown.note,
+        ],
     ]
-    tail = "Values are medians after warm-up; the JSON (--output) says how each was measured."
+    tail = (
+        "Values are medians after warm-up, the disk's rates bytes over the time of all passes; "
+        "the JSON (--output) says how each was measured."
+    )
     return "\n".join([*head, "", *_table(rows), "", tail])

@@ -39,6 +39,10 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     return cast(Mapping[str, Any], value)
 
 
+COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
+"""Why a profile has no ``disk.compute_slowdown``: it was measured before the figure was."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Figure:
     """One quantity: its value (``None`` when absent), unit, method and an optional note.
@@ -233,6 +237,11 @@ class DiskFigures:
     write: Figure
     latency: Figure
     """Median time of one random 4 KiB read."""
+    compute_slowdown: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
+    )
+    """How many times longer the host's few-row matmul takes while the disk reader streams
+    weights (unit ``x``; at least 1 but for noise)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,6 +250,7 @@ class DiskFigures:
             "read": self.read.to_dict(),
             "write": self.write.to_dict(),
             "latency": self.latency.to_dict(),
+            "compute_slowdown": self.compute_slowdown.to_dict(),
         }
 
     @classmethod
@@ -252,6 +262,11 @@ class DiskFigures:
             read=Figure.from_dict(data.get("read"), f"{where}.read"),
             write=Figure.from_dict(data.get("write"), f"{where}.write"),
             latency=Figure.from_dict(data.get("latency"), f"{where}.latency"),
+            compute_slowdown=(
+                Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
+                if data.get("compute_slowdown") is None
+                else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
+            ),
         )
 
     @classmethod
@@ -263,6 +278,7 @@ class DiskFigures:
             read=Figure.absent("B/s", reason),
             write=Figure.absent("B/s", reason),
             latency=Figure.absent("s", reason),
+            compute_slowdown=Figure.absent("x", reason),
         )
 
 

@@ -9,7 +9,9 @@ from ..plan.planner import (
     RATE_DTYPES,
     RateKey,
     dtype_rate,
+    host_compute_slowdown,
     node_rate,
+    reads_disk_each_call,
     resident_set,
     rows_table,
 )
@@ -155,6 +157,12 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
+    slowdown = host_compute_slowdown(graph.profile, reads_disk_each_call(plan.cost, plan.devices))
+    if slowdown > 1:
+        lines.append(
+            f"    host compute costed {slowdown:.2f}x its rates: its measured slowdown while "
+            "the disk reader streams (profile disk.compute_slowdown)"
+        )
     if graph.chunks is not None:
         chunked = graph.chunks
         chunks = [p for p in params if chunked.parent(p) != p.fqn]

@@ -87,7 +87,7 @@ def test_each_candidates_decisions_replay_to_its_plan(tmp_path: Path) -> None:
     assert Decisions.of_candidate(native, native.chosen, plan.split) == Decisions.of(
         native, plan.split
     )
-    devices = native_device_list(plan.devices, graph.profile, True)
+    devices = native_device_list(plan.devices, graph.profile, plan.cost)
     others = [c for c in native.candidates if c.feasible and c.name != native.chosen]
     assert others, [c.name for c in native.candidates]
     for candidate in others:

@@ -48,7 +48,7 @@ def _predicted(
     host = _host(bf16_rate, by_rows)
     profile = HostProfile(devices=(host,), source="test")
     keys = rate_keys([graph], [host])
-    devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, True, keys)
+    devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, graph, keys)
     native = native_planner().plan(graph.to_native(rate_classes=keys), devices, "latency", True)
     return float(native.predicted_time_s)
 

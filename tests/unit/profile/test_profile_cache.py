@@ -185,6 +185,23 @@ def test_a_short_profile_cached_before_it_measured_the_disk_is_measured_again(
     assert "no disk figures" in caplog.text
 
 
+def test_a_short_profile_cached_before_it_measured_compute_while_reading_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    old = json.loads(path.read_text())
+    old["disk"]["read"] = {"value": 1.5e9, "unit": "B/s", "method": "fake"}
+    del old["disk"]["compute_slowdown"]  # as an older short profile wrote it
+    path.write_text(json.dumps(old))
+    assert Measurements.from_json(path.read_text()).disk.compute_slowdown.value is None
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert "none of how compute slows while the disk reads" in caplog.text
+
+
 def test_a_short_profile_measured_while_the_machine_was_busy_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -166,6 +166,8 @@ def test_every_figure_has_unit_and_method(run: Run) -> None:
     assert set(cpu["matmul"]) == {"float32", "bfloat16", "float16"}
     assert cpu["memory_bandwidth"]["value"] > 0 and report["disk"]["write"]["value"] > 0
     assert 0 < report["disk"]["latency"]["value"] < 1
+    # compute while the disk reads, over compute alone: near 1 or above, never far below
+    assert 0.5 < report["disk"]["compute_slowdown"]["value"] < 10
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA links to measure")
