@@ -255,21 +255,21 @@ class TensorTorrent(Competitor):
         call()
         return call
 
-    def _disk_bytes_total(self) -> int:
-        """Bytes the registered backend's disk readers read so far (one reader a session)."""
-        from tensortorrent_dynamo import tensortorrent_backend
-
-        sessions = tensortorrent_backend.sessions.values()
-        return sum(s.disk.reader.bytes_read for s in sessions if s.disk is not None)
-
-    def _disk_busy_total(self) -> float:
-        """Seconds the backend's disk readers have had a read in flight so far (those of
-        ``tt.compile``'s backend, else of the registered one)."""
+    def _readers(self) -> list[Any]:
+        """The disk readers of the backend's sessions (``tt.compile``'s backend, else the
+        registered one), one a session that reads from disk."""
         from tensortorrent_dynamo import tensortorrent_backend
 
         backend = tensortorrent_backend if self.compiled is None else self.compiled.backend
-        sessions = backend.sessions.values()
-        return sum(s.disk.reader.busy_seconds for s in sessions if s.disk is not None)
+        return [s.disk.reader for s in backend.sessions.values() if s.disk is not None]
+
+    def _disk_bytes_total(self) -> int:
+        """Bytes the backend's disk readers read so far."""
+        return sum(r.bytes_read for r in self._readers())
+
+    def _disk_busy_total(self) -> float:
+        """Seconds the backend's disk readers have had a read in flight so far."""
+        return sum(r.busy_seconds for r in self._readers())
 
     def after_call(self) -> dict[str, Any]:
         busy = {"disk_busy_s": self._disk_busy_s}

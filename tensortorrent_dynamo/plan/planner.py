@@ -255,11 +255,13 @@ def reads_disk_each_call(cost: CostGraph, devices: Sequence[PlannedDevice]) -> b
     return cost.param_bytes > devices[0].budget_bytes
 
 
-def host_compute_slowdown(profile: HostProfile, reads_disk: bool) -> float:
+def host_compute_slowdown(
+    profile: HostProfile, cost: CostGraph, devices: Sequence[PlannedDevice]
+) -> float:
     """How many times longer the host's compute is costed than its rates say: the measured
-    slowdown of its compute while the disk reader streams (``disk.compute_slowdown``) for a
-    graph that reads weights from disk on each call, else 1."""
-    return profile.compute_slowdown_while_reading if reads_disk else 1.0
+    slowdown of its compute while the disk reader streams (``disk.compute_slowdown``) where
+    every plan of ``cost`` reads weights from disk on each call, else 1."""
+    return profile.compute_slowdown_while_reading if reads_disk_each_call(cost, devices) else 1.0
 
 
 def native_device_list(
@@ -274,7 +276,7 @@ def native_device_list(
     (:func:`host_compute_slowdown`)."""
     planner = native_planner()
     has_params = bool(cost.params)
-    slowdown = host_compute_slowdown(profile, reads_disk_each_call(cost, devices))
+    slowdown = host_compute_slowdown(profile, cost, devices)
 
     def slowed(d: PlannedDevice, rate: float) -> float:
         return rate / slowdown if d.profile.is_host else rate

@@ -312,9 +312,6 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
         torch.mm(a, weights[turn[0]], out=out)
         turn[0] = (turn[0] + 1) % copies
 
-    def no_sync() -> None:
-        pass
-
     alone: list[float] = []
     reading: list[float] = []
     failed: list[BaseException] = []
@@ -332,7 +329,7 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
                 failed.append(exc)
 
         for _ in range(2):
-            alone.append(time_per_call(call, no_sync, budget)[0])
+            alone.append(time_per_call(call, _sync(("cpu",)), budget)[0])
             stop.clear()
             streams = [
                 threading.Thread(target=stream, args=(k,), daemon=True)
@@ -341,7 +338,7 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
             for thread in streams:
                 thread.start()
             try:
-                reading.append(time_per_call(call, no_sync, budget)[0])
+                reading.append(time_per_call(call, _sync(("cpu",)), budget)[0])
             finally:
                 stop.set()
                 for thread in streams:

@@ -11,7 +11,6 @@ from ..plan.planner import (
     dtype_rate,
     host_compute_slowdown,
     node_rate,
-    reads_disk_each_call,
     resident_set,
     rows_table,
 )
@@ -157,7 +156,7 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
-    slowdown = host_compute_slowdown(graph.profile, reads_disk_each_call(plan.cost, plan.devices))
+    slowdown = host_compute_slowdown(graph.profile, plan.cost, plan.devices)
     if slowdown > 1:
         lines.append(
             f"    host compute costed {slowdown:.2f}x its rates: its measured slowdown while "

@@ -51,10 +51,11 @@ def test_the_host_is_slowed_only_where_every_plan_reads_from_disk() -> None:
     assert not reads_disk_each_call(graph, fits) and reads_disk_each_call(graph, streams)
     assert native_device_list(fits, profile, graph)[0].flops_per_s == host.flops_per_s
     assert native_device_list(streams, profile, graph)[0].flops_per_s == host.flops_per_s / 2
-    assert host_compute_slowdown(profile, True) == 2.0
+    assert host_compute_slowdown(profile, graph, streams) == 2.0
+    assert host_compute_slowdown(profile, graph, fits) == 1.0
     # unmeasured, or measured under 1 (noise on an unslowed machine): not slowed
-    assert host_compute_slowdown(_profile(None), True) == 1.0
-    assert host_compute_slowdown(_profile(0.9), True) == 1.0
+    assert host_compute_slowdown(_profile(None), graph, streams) == 1.0
+    assert host_compute_slowdown(_profile(0.9), graph, streams) == 1.0
 
 
 def test_a_streamed_plan_is_costed_and_explained_with_the_slowdown(tmp_path: Path) -> None:

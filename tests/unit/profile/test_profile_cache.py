@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,17 @@ def _other(fp: Fingerprint) -> Callable[[], Fingerprint]:
     return lambda: changed
 
 
+def _rewrite_cached(edit: Callable[[dict[str, Any]], None]) -> tuple[Path, dict[str, Any]]:
+    """Measure and cache a profile, then rewrite the cached file as ``edit`` changes its JSON;
+    the file and the JSON written."""
+    resolve.host_profile(AUTO)
+    path = cache.profile_path(current_fingerprint())
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path, data
+
+
 def test_first_use_measures_a_short_profile_and_caches_it(
     cache_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -98,11 +110,10 @@ def test_other_hardware_is_measured_again(
 def test_cache_file_with_a_foreign_fingerprint_is_not_used(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    data = json.loads(path.read_text())
-    data["fingerprint"]["cpu_cores"] += 64
-    path.write_text(json.dumps(data))
+    def foreign(data: dict[str, Any]) -> None:
+        data["fingerprint"]["cpu_cores"] += 64
+
+    _rewrite_cached(foreign)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
@@ -131,17 +142,15 @@ def test_corrupt_cache_is_measured_again(
 def test_a_short_profile_cached_before_it_measured_bfloat16_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    old = json.loads(path.read_text())
-    # as an older short profile wrote it
-    old["devices"][0]["matmul"]["bfloat16"] = {
-        "value": None,
-        "unit": "FLOP/s",
-        "method": "not measured",
-        "note": measure.SHORT_NOTE,
-    }
-    path.write_text(json.dumps(old))
+    def without_bfloat16(old: dict[str, Any]) -> None:  # as an older short profile wrote it
+        old["devices"][0]["matmul"]["bfloat16"] = {
+            "value": None,
+            "unit": "FLOP/s",
+            "method": "not measured",
+            "note": measure.SHORT_NOTE,
+        }
+
+    path, _ = _rewrite_cached(without_bfloat16)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
@@ -153,14 +162,13 @@ def test_a_short_profile_cached_before_it_measured_bfloat16_is_measured_again(
 def test_a_short_profile_cached_before_it_measured_rates_by_rows_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    old = json.loads(path.read_text())
-    assert old["devices"][0]["matmul_rows"] == {
-        "float32": {"1": {"value": 2e10, "unit": "FLOP/s", "method": "fake"}}
-    }
-    del old["devices"][0]["matmul_rows"]  # as an older short profile wrote it
-    path.write_text(json.dumps(old))
+    def without_rows(old: dict[str, Any]) -> None:
+        assert old["devices"][0]["matmul_rows"] == {
+            "float32": {"1": {"value": 2e10, "unit": "FLOP/s", "method": "fake"}}
+        }
+        del old["devices"][0]["matmul_rows"]  # as an older short profile wrote it
+
+    _rewrite_cached(without_rows)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
@@ -172,12 +180,11 @@ def test_a_short_profile_cached_before_it_measured_rates_by_rows_is_measured_aga
 def test_a_short_profile_cached_before_it_measured_the_disk_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    old = json.loads(path.read_text())
-    for figure in ("free", "read", "write", "latency"):  # as an older short profile wrote it
-        old["disk"][figure]["note"] = measure.SHORT_NOTE
-    path.write_text(json.dumps(old))
+    def without_disk(old: dict[str, Any]) -> None:
+        for figure in ("free", "read", "write", "latency"):  # as an older short profile wrote it
+            old["disk"][figure]["note"] = measure.SHORT_NOTE
+
+    _rewrite_cached(without_disk)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
@@ -188,12 +195,11 @@ def test_a_short_profile_cached_before_it_measured_the_disk_is_measured_again(
 def test_a_short_profile_cached_before_it_measured_compute_while_reading_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    old = json.loads(path.read_text())
-    old["disk"]["read"] = {"value": 1.5e9, "unit": "B/s", "method": "fake"}
-    del old["disk"]["compute_slowdown"]  # as an older short profile wrote it
-    path.write_text(json.dumps(old))
+    def without_slowdown(old: dict[str, Any]) -> None:
+        old["disk"]["read"] = {"value": 1.5e9, "unit": "B/s", "method": "fake"}
+        del old["disk"]["compute_slowdown"]  # as an older short profile wrote it
+
+    path, _ = _rewrite_cached(without_slowdown)
     assert Measurements.from_json(path.read_text()).disk.compute_slowdown.value is None
     with caplog.at_level(logging.INFO, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
@@ -205,11 +211,15 @@ def test_a_short_profile_cached_before_it_measured_compute_while_reading_is_meas
 def test_a_short_profile_measured_while_the_machine_was_busy_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve.host_profile(AUTO)
-    path = cache.profile_path(current_fingerprint())
-    busy = json.loads(path.read_text())
-    busy["load"] = {"value": 80.0, "unit": "%", "method": "fake", "note": "the machine was busy"}
-    path.write_text(json.dumps(busy))
+    def busy_load(data: dict[str, Any]) -> None:
+        data["load"] = {
+            "value": 80.0,
+            "unit": "%",
+            "method": "fake",
+            "note": "the machine was busy",
+        }
+
+    path, busy = _rewrite_cached(busy_load)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         profile = resolve.host_profile(AUTO)
     assert measure_calls == ["short", "short"]
