@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
 from tensortorrent_dynamo.errors import OffloadError
-from tensortorrent_dynamo.io.pool import HostBufferPool
+from tensortorrent_dynamo.io.pool import HostBufferPool, release_free_heap
+from tensortorrent_dynamo.run.record import rss_bytes
 
 PAGE = 4096
 
@@ -89,3 +92,18 @@ def test_a_larger_reserve_waits_for_the_buffers_lent_from_the_block() -> None:
     assert pool.reserved_bytes == 8 * PAGE, "never smaller"
     assert [pool.take(PAGE).data_ptr() % PAGE for _ in range(8)] == [0] * 8
     assert pool.held_bytes == 8 * PAGE
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
+)
+def test_free_heap_memory_is_given_back_to_the_system() -> None:
+    # small blocks come from glibc's heap, where freed ones stay resident: the last one
+    # allocated is kept, so the heap cannot simply shrink from its top
+    blocks = [bytearray(4096) for _ in range(40_000)]  # 160 MiB, every page touched
+    last = blocks[-1]
+    del blocks
+    before = rss_bytes()
+    assert release_free_heap()
+    assert rss_bytes() < before - (64 << 20), "most of the 160 MiB freed went back"
+    assert len(last) == 4096
