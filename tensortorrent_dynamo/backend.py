@@ -19,7 +19,7 @@ import torch.fx
 from ._logs import register
 from .errors import OptionsError
 from .functional import GraphInputs, functional
-from .pipeline import plan_and_compile
+from .pipeline import plan_and_compile, replanner
 from .session import CompiledGraph, Session
 from .settings import Settings, parse_options
 from .shapes import SizeRanges, SymbolicSizes
@@ -70,12 +70,18 @@ class TensorTorrentBackend:
         frame = compile_id.frame_id if compile_id is not None else None
         sizes = SymbolicSizes.of(gm)
         if not sizes:
-            return plan_and_compile(session, gm, graph_inputs, frame)
+            compiled = plan_and_compile(session, gm, graph_inputs, frame)
+            if session.settings.plan is None:  # a saved plan's graphs are replayed as saved
+                compiled.replan = replanner(session, gm, graph_inputs, frame)
+            return compiled
 
         def build(bounds: dict[str, int]) -> CompiledGraph:
             # at call time too: under the session's lock, as no call may run meanwhile
             with session.lock:
-                return plan_and_compile(session, gm, graph_inputs, frame, bounds)
+                compiled = plan_and_compile(session, gm, graph_inputs, frame, bounds)
+            if session.settings.plan is None:
+                compiled.replan = replanner(session, gm, graph_inputs, frame, bounds)
+            return compiled
 
         return SizeRanges(sizes, build)
 

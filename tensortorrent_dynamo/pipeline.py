@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from .passes.rewrite import rewrite
 from .passes.state_in_place import StateInPlace, copy_module
 from .plan.decisions import Decisions
 from .plan.kv_cache import KvCache, explain_infeasible
-from .plan.planner import GraphPlan, Split, plan_graph
+from .plan.planner import GraphPlan, Keep, Split, plan_graph
 from .profile import HostProfile, host_profile
 from .run.runtime import Runtime
 from .session import CompiledGraph, Session, make_resident, share_resident, shared_names
@@ -45,9 +45,15 @@ def plan_and_compile(
     graph_inputs: GraphInputs,
     frame: int | None,
     sizes: Mapping[str, int] | None = None,
+    replacing: CompiledGraph | None = None,
+    keep: Keep | None = None,
 ) -> CompiledGraph:
     """Plan, rewrite and compile one functional graph of ``session`` (captured from Dynamo
-    frame ``frame``; with ``sizes``, costed at those values of its symbolic sizes)."""
+    frame ``frame``; with ``sizes``, costed at those values of its symbolic sizes).
+
+    With ``replacing`` (a graph of the session compiled from ``gm`` before), the graph is
+    planned again, keeping the resident copies ``keep`` names where they fit
+    (``plan_graph``), and ``replacing`` becomes the new graph: Dynamo keeps calling it."""
     settings = session.settings
     example_inputs = graph_inputs.values
     profile = host_profile(settings)
@@ -55,7 +61,7 @@ def plan_and_compile(
     StateInPlace(graph_inputs.state)(gm)
     cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes, graph_inputs.state)
     source = (digest(gm.code, 64), cost.digest())
-    if source in session.by_source:
+    if source in session.by_source and replacing is None:
         # A recompile (a guard failed) that produced the same graph with the same
         # costs: its plan's assumptions still hold.
         again = session.by_source[source]
@@ -79,7 +85,7 @@ def plan_and_compile(
         else None
     )
     try:
-        plan = _plan(session, cost, chunked, example_inputs, profile, frame)
+        plan = _plan(session, cost, chunked, example_inputs, profile, frame, replacing, keep)
     except PlanInfeasible as exc:
         raise _infeasible(exc, session, gm, cost, chunked, example_inputs, profile, frame) from None
     module = gm
@@ -117,7 +123,11 @@ def plan_and_compile(
         frame=frame,
         enter=session.enter,
     )
-    session.graphs.append(compiled)
+    if replacing is not None:
+        replacing.become(compiled)
+        compiled = replacing
+    else:
+        session.graphs.append(compiled)
     session.current = compiled  # its resident copies are the ones held now
     session.by_source[source] = compiled
     if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
@@ -131,6 +141,25 @@ def plan_and_compile(
     return compiled
 
 
+def replanner(
+    session: Session,
+    gm: torch.fx.GraphModule,
+    graph_inputs: GraphInputs,
+    frame: int | None,
+    sizes: Mapping[str, int] | None = None,
+) -> Callable[[CompiledGraph, Sequence[Any], Keep], None]:
+    """What plans ``gm`` again for ``CompiledGraph.replan``: with the arguments of the call
+    that asks (not the tensors it was compiled with, which are not kept: a KV cache the
+    caller replaced would otherwise stay alive)."""
+    shape = dataclasses.replace(graph_inputs, values=())
+
+    def replan(graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None:
+        inputs = dataclasses.replace(shape, values=tuple(args))
+        plan_and_compile(session, gm, inputs, frame, sizes, replacing=graph, keep=keep)
+
+    return replan
+
+
 def _plan(
     session: Session,
     cost: CostGraph,
@@ -138,11 +167,15 @@ def _plan(
     example_inputs: Sequence[Any],
     profile: HostProfile,
     frame: int | None,
+    replacing: CompiledGraph | None = None,
+    keep: Keep | None = None,
 ) -> GraphPlan:
     """The plan of ``cost`` beside what the session's other graphs keep resident: replayed
-    from the saved plan's decisions when the settings name one, else searched."""
+    from the saved plan's decisions when the settings name one, else searched; keeping the
+    copies of ``keep`` where they fit. A graph planned again (``replacing``) keeps its
+    index."""
     settings = session.settings
-    index = len(session.graphs)
+    index = len(session.graphs) if replacing is None else replacing.plan.graph_index
     on_disk = frozenset(
         p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
     )
@@ -155,7 +188,7 @@ def _plan(
 
     def plan_with(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
         saved = _saved_decisions(session, graph, profile)
-        plan = plan_graph(index, graph, profile, settings, held, on_disk, split, saved)
+        plan = plan_graph(index, graph, profile, settings, held, on_disk, split, saved, keep)
         if settings.plan is not None:
             _check_saved(session, plan, saved)
         return plan

@@ -22,13 +22,14 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph
+from .errors import PlanInfeasible
 from .io.locations import TensorLocation
 from .io.pool import HostBufferPool, bound_heap_retention, read_buffer_bytes, release_free_heap
 from .io.reader import DiskReader
 from .passes.chunk_weights import ChunkedInputs
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan
-from .plan.planner import GraphPlan, resident_set
+from .plan.planner import GraphPlan, Keep, resident_set
 from .profile import HostProfile
 from .run.ops import Segment, direct_segment
 from .run.record import RssSampler
@@ -67,14 +68,27 @@ class CompiledGraph:
     # the Dynamo frame the graph was captured from (``None`` outside Dynamo): the graphs of
     # one frame are alternatives, one of them runs per call (``Session.kept_beside``)
     frame: int | None = None
-    # run before each call: makes this graph's resident copies the ones held
-    enter: Callable[[CompiledGraph], None] | None = None
+    # run before each call, with its arguments: makes this graph's resident copies the
+    # ones held (``Session.enter``)
+    enter: Callable[[CompiledGraph, Sequence[Any]], None] | None = None
+    # plans the graph again (with a call's arguments) keeping another graph's resident
+    # copies where they fit, and makes this graph that plan (``Session.enter``); ``None``
+    # once its frame has been planned again, or for a graph that cannot be
+    replan: Callable[[CompiledGraph, Sequence[Any], Keep], None] | None = None
     # the module's one segment, when the schedule only calls it (see ``direct_segment``),
     # and whether its result is wrapped in a tuple
     direct: tuple[Segment, bool] | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.direct = direct_segment(self.module)
+
+    def become(self, other: CompiledGraph) -> None:
+        """Take ``other``'s plan and all that was made from it (this graph planned again):
+        Dynamo keeps calling this object, its calls so far kept."""
+        for name in ("plan", "module", "runtime", "compilers", "compiler_note", "chunks"):
+            setattr(self, name, getattr(other, name))
+        self.reference = other.reference  # with ``verify``, the new plan is checked too
+        self.direct = other.direct
 
     def compilers_by_device(self) -> list[tuple[str, str]]:
         """(segment name, device) in execution order."""
@@ -97,7 +111,7 @@ class CompiledGraph:
         if self.calls == 0:
             _collect_compile_garbage(self.plan.graph_index)
         if self.enter is not None:
-            self.enter(self)
+            self.enter(self, args)
         if self.chunks is not None:
             args = tuple(self.chunks.expand(args))
         self.calls += 1
@@ -204,13 +218,75 @@ class Session:
             *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
         )
 
-    def enter(self, graph: CompiledGraph) -> None:
-        """Before ``graph`` runs: drop the resident copies that only the other graphs of its
-        frame keep (``graph`` makes its own again as it runs, if one was dropped)."""
+    def enter(self, graph: CompiledGraph, args: Sequence[Any] = ()) -> None:
+        """Before ``graph`` runs (with ``args``): drop the resident copies that only the
+        other graphs of its frame keep (``graph`` makes its own again as it runs, if one
+        was dropped).
+
+        The alternatives of one frame share the resident copies of the one called most
+        (:meth:`leader`: ``generate()``'s decode graph): the first time another of them
+        runs after that one has been called more, it is planned again, once for the whole
+        frame, keeping those copies where they fit (``plan.planner.Keep``), so that
+        switching between them drops and reads again nothing. A graph still alone in its
+        frame at its second call is never planned again."""
+        if graph.replan is not None and graph.calls and len(self.alternatives(graph)) < 2:
+            # alone in its frame after its first call: nothing to share copies with, and
+            # its hook holds the traced graph
+            graph.replan = None
         if self.current is graph:
             return
+        leader = self.leader(graph)
+        if leader is not None and graph.replan is not None:
+            self.follow(graph, leader, args)
         self.current = graph
         self.make_room(graph.plan, graph.frame)
+
+    def alternatives(self, graph: CompiledGraph) -> list[CompiledGraph]:
+        """The graphs of ``graph``'s frame, ``graph`` among them (itself alone outside
+        Dynamo)."""
+        if graph.frame is None:
+            return [graph]
+        return [g for g in self.graphs if g.frame == graph.frame]
+
+    def leader(self, graph: CompiledGraph) -> CompiledGraph | None:
+        """The alternative of ``graph`` called more than any other and more than ``graph``,
+        when its resident copies are not already the ones ``graph`` keeps; else ``None``."""
+        others = sorted(self.alternatives(graph), key=lambda g: g.calls, reverse=True)
+        if len(others) < 2 or others[0] is graph or others[0].calls == others[1].calls:
+            return None
+        leader = others[0]
+        if leader.calls <= graph.calls or graph.plan.follows == leader.plan.graph_index:
+            return None
+        return leader if resident_set(leader.plan) != resident_set(graph.plan) else None
+
+    def follow(self, graph: CompiledGraph, leader: CompiledGraph, args: Sequence[Any]) -> None:
+        """Plan ``graph`` again with ``args``, keeping ``leader``'s resident copies where
+        they fit; the frame is planned again only this once."""
+        replan = graph.replan
+        assert replan is not None
+        for g in self.alternatives(graph):
+            g.replan = None
+        started = time.perf_counter()
+        try:
+            replan(graph, args, Keep(leader.plan.graph_index, resident_set(leader.plan)))
+        except PlanInfeasible as exc:  # it fit when first planned: keep that plan
+            log.warning(
+                "graph %d planned again does not fit (%s): its plan is kept",
+                graph.plan.graph_index,
+                exc,
+            )
+            return
+        log.info(
+            "graph %d planned again, %s graph %d's resident copies (called most: %d calls "
+            "to its %d) in %.1f s",
+            graph.plan.graph_index,
+            "keeping" if graph.plan.follows is not None else "which do not fit it beside",
+            leader.plan.graph_index,
+            leader.calls,
+            graph.calls,
+            time.perf_counter() - started,
+        )
+        _collect_compile_garbage(graph.plan.graph_index)
 
     def make_room(self, plan: GraphPlan, frame: int | None) -> None:
         """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""

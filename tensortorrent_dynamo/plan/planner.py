@@ -143,6 +143,10 @@ class GraphPlan:
     traced: CostGraph
     # whether the plan is for the graph with large weights cut into row chunks
     split: bool = False
+    # the graph whose resident copies this plan keeps instead of a set of its own (see
+    # ``Keep``), and the predicted time of the plan it would have had with its own set
+    follows: int | None = None
+    alone_predicted_s: float | None = None
 
     @property
     def plan_hash(self) -> str:
@@ -207,6 +211,16 @@ class GraphPlan:
             if dev.name == device:
                 return self.native.peak_bytes[i]
         raise KeyError(device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """Another graph's resident copies, (fqn, device) each, for a plan to keep as they are
+    where it fits: an alternative of the graph called most (``Session.enter``) then runs
+    beside that graph's copies instead of dropping them and making its own."""
+
+    graph_index: int
+    copies: frozenset[tuple[str, str]]
 
 
 def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:
@@ -317,6 +331,7 @@ def plan_graph(
     on_disk: frozenset[str] = frozenset(),
     split: Split | None = None,
     decisions: Decisions | None = None,
+    keep: Keep | None = None,
 ) -> GraphPlan:
     """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
 
@@ -324,7 +339,10 @@ def plan_graph(
     already. The native planner decides every other parameter's tier: host RAM, or disk
     when the host budget cannot hold the weights in RAM (then it plans ``split`` instead,
     when given). With ``decisions`` (a saved plan's), those are replayed instead of
-    searching; otherwise the plan cache's are, when it has this graph's.
+    searching; otherwise the plan cache's are, when it has this graph's. With ``keep``,
+    the plan found then keeps exactly those resident copies (each parameter of ``keep``
+    resident where the plan uses it, every other one streamed), its decisions otherwise
+    the same, where that fits the budgets (:func:`_keeping`).
     """
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
@@ -420,6 +438,13 @@ def plan_graph(
         )
     planned = split.cost if chose_split and split is not None else cost
     rows = split.rows if chose_split and split is not None else None
+    follows = alone = None
+    if keep is not None:
+        kept = _keeping(
+            planned, native, devices, native_devices, settings, host_compute, keys, keep
+        )
+        if kept is not None:
+            follows, alone, native = keep.graph_index, native.predicted_time_s, kept
     return GraphPlan(
         graph_index=graph_index,
         cost=planned,
@@ -435,7 +460,95 @@ def plan_graph(
         ),
         traced=cost,
         split=chose_split,
+        follows=follows,
+        alone_predicted_s=alone,
     )
+
+
+def _keeping(
+    graph: CostGraph,
+    native: _planner.Plan,
+    devices: Sequence[PlannedDevice],
+    native_devices: list[_planner.Device],
+    settings: Settings,
+    host_compute: bool,
+    keys: Sequence[RateKey],
+    keep: Keep,
+) -> _planner.Plan | None:
+    """``native`` (a plan of ``graph``) replayed keeping the resident copies of ``keep``:
+    each parameter that could keep a copy (used on an accelerator, or on the host with its
+    bytes on disk) keeps one where ``keep`` has it there and streams otherwise. Where all
+    of them do not fit the budgets, the most that do, dropping the largest first (the
+    graph of ``keep`` makes those again when it next runs).
+
+    ``None`` where the plan with a set of its own costs less: each call of this graph is
+    taken to come between calls of the other (as prefill between ``generate()``'s decode
+    steps), so its cost is its predicted time plus the time to make again the copies one
+    of the two drops for the other (bytes over the disk's rate for copies in RAM, over the
+    link's for copies on an accelerator)."""
+    names = [d.name for d in devices]
+    made = Decisions.of(native, False)
+    params = list(zip(graph.params, native.param_device, native.param_home, strict=True))
+    sizes = {(p.fqn, names[d]): p.nbytes for p, d, _ in params}
+    own = frozenset(  # the copies the plan keeps with a set of its own
+        (p.fqn, names[d])
+        for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+        if not was and (names[d] != "cpu" or home == "disk")
+    )
+    rates = {d.name: d.disk_bytes_per_s if d.is_host else d.h2d_bytes_per_s for d in native_devices}
+
+    def seconds(copies: frozenset[tuple[str, str]]) -> float:
+        return sum(sizes[c] / rates[c[1]] for c in copies if rates.get(c[1], 0.0) > 0)
+
+    def keeping(copies: frozenset[tuple[str, str]]) -> _planner.Plan | None:
+        streamed = tuple(
+            (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
+            for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+        )
+        if streamed == made.param_streamed:
+            return native
+        wanted = dataclasses.replace(
+            made,
+            chosen=f"{made.chosen}+graph-{keep.graph_index}-residents",
+            param_streamed=streamed,
+        )
+        try:
+            return replay_decisions(graph, native_devices, settings, host_compute, wanted, keys)
+        except (InvalidPlacement, PlanInfeasible):
+            return None
+
+    # the other graph's copies this graph could keep, the largest first
+    usable = sorted((c for c in keep.copies if c in sizes), key=lambda c: (-sizes[c], c))
+    kept, dropped = keeping(frozenset(usable)), 0
+    if kept is None:  # the fewest dropped that fit (fewer copies kept hold fewer bytes)
+        low, high = 1, len(usable)
+        while low <= high:
+            mid = (low + high) // 2
+            trial = keeping(frozenset(usable[mid:]))
+            if trial is not None:
+                kept, dropped, high = trial, mid, mid - 1
+            else:
+                low = mid + 1
+    if kept is None:
+        log.info(
+            "keeping graph %d's resident copies does not fit: a set of its own", keep.graph_index
+        )
+        return None
+    if dropped == len(usable):
+        log.info("graph %d's resident copies do not fit: a set of its own", keep.graph_index)
+        return None
+    alone = native.predicted_time_s + seconds(own ^ frozenset(usable))
+    shared = kept.predicted_time_s + seconds(frozenset(usable[:dropped]))
+    log.info(
+        "keeping %d of graph %d's %d resident copies it could: %.6f s a call with the copies "
+        "made again, %.6f s with a set of its own",
+        len(usable) - dropped,
+        keep.graph_index,
+        len(usable),
+        shared,
+        alone,
+    )
+    return kept if shared <= alone else None
 
 
 def state_movable(devices: Sequence[PlannedDevice] | Sequence[_planner.Device]) -> bool:

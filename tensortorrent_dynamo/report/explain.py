@@ -445,7 +445,8 @@ def _frames(graphs: Sequence[CompiledGraph]) -> list[list[CompiledGraph]]:
 
 def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
     """What was assumed of how often each graph runs: the graphs of one frame are
-    alternatives (a prefill and a decode graph of ``generate()``), one per call."""
+    alternatives (a prefill and a decode graph of ``generate()``), one per call; the others
+    keep the resident copies of the one called most where they fit (``Session.enter``)."""
     lines = []
     for members in _frames(graphs):
         if len(members) < 2:
@@ -460,14 +461,50 @@ def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
         }
         differ = frozenset().union(*sets) - frozenset.intersection(*sets)
         weighted = sum(g.calls * g.plan.predicted_time_s for g in members)
+        switching = (
+            f"switching from one to another drops and makes again "
+            f"{format_bytes(sum(sizes[k] for k in differ))} of resident copies"
+            if differ
+            else "switching from one to another drops and makes no resident copy"
+        )
+        followers = [g for g in members if g.plan.follows is not None]
+        if followers:
+            index = {g.plan.graph_index: i for i, g in enumerate(members)}
+            sharing = []
+            for g in followers:
+                theirs = sets[index[g.plan.follows]] if g.plan.follows in index else frozenset()
+                kept = resident_set(g.plan) & theirs
+                what = (
+                    f"the {len(kept)} resident copies"
+                    if kept == theirs
+                    else f"{len(kept)} of the {len(theirs)} resident copies "
+                    f"({format_bytes(sum(sizes[k] for k in kept))} of "
+                    f"{format_bytes(sum(sizes[k] for k in theirs))}, the most that fit)"
+                )
+                sharing.append(
+                    f"  graph {g.plan.graph_index} keeps {what} of graph {g.plan.follows}, "
+                    f"called most, planned again to do so: predicted "
+                    f"{format_seconds(g.plan.predicted_time_s)} a call (with a set of its own "
+                    f"{format_seconds(g.plan.alone_predicted_s or 0.0)}); {switching}"
+                )
+        elif members[0].settings.plan is not None:
+            sharing = [f"  each planned as the saved plan has it; {switching}"]
+        elif all(g.replan is None for g in members):
+            sharing = [
+                "  each keeps a resident set of its own: planned again to keep those of the "
+                f"graph called most, the others did not fit their budgets; {switching}"
+            ]
+        else:
+            sharing = [
+                "  each is planned on its own, with the whole budget and a resident set of "
+                "its own; once one is called more than the others, they are planned again, "
+                f"once, to keep its resident copies where they fit; {switching}"
+            ]
         lines += [
             f"Workload: graphs {ids} are alternatives of one frame, one of them per call "
             f"(recompiles for other shapes or guards, such as generate()'s prefill and "
             f"decode graphs); calls so far: {calls}",
-            "  each is planned on its own, for its own calls, with the whole budget and a "
-            "resident set of its own: the plan of the graph called most is the one that "
-            "runs most; switching from one to another drops and makes again "
-            f"{format_bytes(sum(sizes[k] for k in differ))} of resident copies",
+            *sharing,
             f"  predicted time of the calls so far: {format_seconds(weighted)}",
         ]
     return lines

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.plan.planner import resident_set
 from tensortorrent_dynamo.report.explain import explain
 
 transformers = pytest.importorskip("transformers")
@@ -123,6 +124,42 @@ Graph 1: 219 nodes, 26 parameters (104.77 KiB), 48.38 kFLOP, plan <hash>
         assert any(r.reads_from_disk for r in decode.plan.residency)
         lines = _state_lines()
         assert "held" not in lines.splitlines()[-1] and "in host memory on cpu" in lines, lines
+
+
+def test_from_the_second_call_prefill_keeps_the_resident_copies_of_decode() -> None:
+    """Decode, called most, keeps its resident set; prefill is planned again at the second
+    ``generate()`` to keep the same copies, so no call drops and makes them again. (On a
+    virtual device of declared rates, the plans are the same on every machine: here each
+    graph first keeps a set of its own, and decode's fits prefill.)"""
+    model = _model()
+    options = {
+        "virtual_devices": VIRTUAL,
+        "devices": ["virtual:0"],
+        "budgets": {"virtual:0": _param_bytes(model) // 2},
+        "compiler": "eager",
+    }
+    got, expected, model = _generate_both(options)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    prefill, decode = tt.tensortorrent_backend.graphs
+    assert resident_set(prefill.plan) != resident_set(decode.plan), "each its own set at first"
+    assert prefill.plan.follows is None and prefill.replan is not None
+    for call in range(2):
+        session = next(iter(tt.tensortorrent_backend.sessions.values()))
+        held = [copy for _, copy in session.resident.copies()]
+        with torch.no_grad():
+            again = model.generate(_prompt(), **_kwargs())
+        torch.testing.assert_close(again, expected, rtol=0, atol=0)
+        assert tt.tensortorrent_backend.graphs == [prefill, decode], "replaced, not added"
+        assert prefill.plan.follows == decode.plan.graph_index
+        assert resident_set(prefill.plan) == resident_set(decode.plan)
+        assert prefill.replan is None and decode.replan is None
+        if call == 1:  # the copies made for decode were kept through prefill
+            now = [copy for _, copy in session.resident.copies()]
+            assert now and all(any(c is h for h in held) for c in now)
+    assert [g.calls for g in (prefill, decode)] == [3, 3 * (NEW_TOKENS - 1)]
+    workload = explain(tt.tensortorrent_backend.graphs).split("Workload:")[1]
+    assert "graph 0 keeps the 6 resident copies of graph 1, called most" in workload, workload
+    assert "drops and makes no resident copy" in workload, workload
 
 
 def _raised(exc: BaseException) -> tt.KvCacheTooLarge:

@@ -8,21 +8,26 @@ from typing import Any
 
 import torch
 
-from tensortorrent_dynamo.plan.planner import resident_set
+from tensortorrent_dynamo.plan.planner import Keep, resident_set
 from tensortorrent_dynamo.plan.residency import Residency, Tier
 from tensortorrent_dynamo.session import Session
 from tensortorrent_dynamo.settings import parse_options
 
 
-def _graph(frame: int | None, residency: dict[str, Residency]) -> Any:
-    """A compiled graph as the session sees it: its frame and its plan's residencies."""
+def _plan(residency: dict[str, Residency], index: int = 0, follows: int | None = None) -> Any:
     params = tuple(types.SimpleNamespace(fqn=fqn) for fqn in residency)
-    plan = types.SimpleNamespace(
+    return types.SimpleNamespace(
         cost=types.SimpleNamespace(params=params),
         residency=tuple(residency.values()),
-        graph_index=0,
+        graph_index=index,
+        follows=follows,
     )
-    return types.SimpleNamespace(frame=frame, plan=plan)
+
+
+def _graph(frame: int | None, residency: dict[str, Residency], index: int = 0) -> Any:
+    """A compiled graph as the session sees it: its frame, its plan's residencies, its
+    calls so far and its hook to plan it again."""
+    return types.SimpleNamespace(frame=frame, plan=_plan(residency, index), calls=0, replan=None)
 
 
 ON_ACCELERATOR = Residency("virtual:0", streams=False, tier=Tier.HOST)
@@ -98,3 +103,33 @@ def test_a_copy_goes_when_its_parameter_does() -> None:
     assert session.resident.get(param, "virtual:0") is None
     del param
     assert session.resident.copies() == []
+
+
+def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_the_other() -> None:
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    prefill = _graph(1, {"a": ON_ACCELERATOR, "b": STREAMED}, index=0)
+    decode = _graph(1, {"a": STREAMED, "b": ON_ACCELERATOR}, index=1)
+    session.graphs.extend([prefill, decode])
+    asked: list[tuple[Any, tuple[Any, ...], Keep]] = []
+
+    def replan(graph: Any, args: tuple[Any, ...], keep: Keep) -> None:
+        asked.append((graph, args, keep))
+        kept = {fqn: ON_ACCELERATOR for fqn, _ in keep.copies}
+        graph.plan = _plan({"a": STREAMED, **kept}, graph.plan.graph_index, keep.graph_index)
+
+    prefill.replan = decode.replan = replan
+    prefill.calls, decode.calls = 1, 1
+    session.enter(decode, ("x",))
+    session.enter(prefill, ("x",))
+    assert asked == [], "called as often: each keeps its own set"
+    decode.calls = 7
+    session.enter(decode, ("x",))
+    assert asked == [], "the graph called most is never planned again for another"
+    session.enter(prefill, ("y",))
+    assert asked == [(prefill, ("y",), Keep(1, frozenset({("b", "virtual:0")})))]
+    assert resident_set(prefill.plan) == resident_set(decode.plan)
+    assert prefill.replan is None and decode.replan is None, "the frame is planned again once"
+    session.enter(decode, ())
+    session.enter(prefill, ())
+    assert len(asked) == 1
+    assert session.leader(prefill) is None, "it keeps the copies of the one called most"
