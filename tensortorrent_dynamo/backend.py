@@ -19,7 +19,7 @@ import torch.fx
 from ._logs import register
 from .errors import OptionsError
 from .functional import GraphInputs, functional
-from .pipeline import plan_and_compile, replanner
+from .pipeline import Replanner, plan_and_compile
 from .session import CompiledGraph, Session
 from .settings import Settings, parse_options
 from .shapes import SizeRanges, SymbolicSizes
@@ -72,7 +72,7 @@ class TensorTorrentBackend:
         if not sizes:
             compiled = plan_and_compile(session, gm, graph_inputs, frame)
             if session.settings.plan is None:  # a saved plan's graphs are replayed as saved
-                compiled.replan = replanner(session, gm, graph_inputs, frame)
+                compiled.replan = Replanner(session, gm, graph_inputs, frame)
             return compiled
 
         def build(bounds: dict[str, int]) -> CompiledGraph:
@@ -80,7 +80,7 @@ class TensorTorrentBackend:
             with session.lock:
                 compiled = plan_and_compile(session, gm, graph_inputs, frame, bounds)
             if session.settings.plan is None:
-                compiled.replan = replanner(session, gm, graph_inputs, frame, bounds)
+                compiled.replan = Replanner(session, gm, graph_inputs, frame, bounds)
             return compiled
 
         return SizeRanges(sizes, build)

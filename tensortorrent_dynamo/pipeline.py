@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -141,23 +141,36 @@ def plan_and_compile(
     return compiled
 
 
-def replanner(
-    session: Session,
-    gm: torch.fx.GraphModule,
-    graph_inputs: GraphInputs,
-    frame: int | None,
-    sizes: Mapping[str, int] | None = None,
-) -> Callable[[CompiledGraph, Sequence[Any], Keep], None]:
-    """What plans ``gm`` again for ``CompiledGraph.replan``: with the arguments of the call
-    that asks (not the tensors it was compiled with, which are not kept: a KV cache the
-    caller replaced would otherwise stay alive)."""
-    shape = dataclasses.replace(graph_inputs, values=())
+class Replanner:
+    """What plans a graph again for ``CompiledGraph.replan``: its traced graph, planned with
+    the arguments of the call that asks (not the tensors it was compiled with, which are
+    not kept: a KV cache the caller replaced would otherwise stay alive). :meth:`release`
+    lets the traced graph go, whoever still holds this."""
 
-    def replan(graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None:
-        inputs = dataclasses.replace(shape, values=tuple(args))
-        plan_and_compile(session, gm, inputs, frame, sizes, replacing=graph, keep=keep)
+    def __init__(
+        self,
+        session: Session,
+        gm: torch.fx.GraphModule,
+        graph_inputs: GraphInputs,
+        frame: int | None,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        self.session = session
+        self.gm: torch.fx.GraphModule | None = gm
+        self.shape = dataclasses.replace(graph_inputs, values=())
+        self.frame = frame
+        self.sizes = sizes
 
-    return replan
+    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None:
+        if self.gm is None:
+            raise RuntimeError("this graph's traced graph was released: it cannot plan again")
+        inputs = dataclasses.replace(self.shape, values=tuple(args))
+        plan_and_compile(
+            self.session, self.gm, inputs, self.frame, self.sizes, replacing=graph, keep=keep
+        )
+
+    def release(self) -> None:
+        self.gm = None
 
 
 def _plan(

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx
@@ -39,6 +39,16 @@ from .run.virtual import VirtualDevice
 from .settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class Replan(Protocol):
+    """Plans a graph again with a call's arguments, keeping another graph's resident copies
+    where they fit, and makes the graph that plan (``pipeline.Replanner``)."""
+
+    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None: ...
+
+    def release(self) -> None:
+        """Let go of what planning again needs (the traced graph)."""
 
 
 @dataclasses.dataclass
@@ -74,7 +84,7 @@ class CompiledGraph:
     # plans the graph again (with a call's arguments) keeping another graph's resident
     # copies where they fit, and makes this graph that plan (``Session.enter``); ``None``
     # once its frame has been planned again, or for a graph that cannot be
-    replan: Callable[[CompiledGraph, Sequence[Any], Keep], None] | None = None
+    replan: Replan | None = None
     # the module's one segment, when the schedule only calls it (see ``direct_segment``),
     # and whether its result is wrapped in a tuple
     direct: tuple[Segment, bool] | None = dataclasses.field(init=False, default=None)
@@ -232,6 +242,7 @@ class Session:
         if graph.replan is not None and graph.calls and len(self.alternatives(graph)) < 2:
             # alone in its frame after its first call: nothing to share copies with, and
             # its hook holds the traced graph
+            graph.replan.release()
             graph.replan = None
         if self.current is graph:
             return
@@ -265,6 +276,8 @@ class Session:
         replan = graph.replan
         assert replan is not None
         for g in self.alternatives(graph):
+            if g.replan is not None and g.replan is not replan:
+                g.replan.release()
             g.replan = None
         started = time.perf_counter()
         try:
@@ -276,6 +289,8 @@ class Session:
                 exc,
             )
             return
+        finally:
+            replan.release()
         log.info(
             "graph %d planned again, %s graph %d's resident copies (called most: %d calls "
             "to its %d) in %.1f s",
@@ -347,7 +362,12 @@ class Session:
         allocated for a read is faulted in by that read, which halved the disk's rate (a
         1.5 GiB Qwen3 streaming half its weights on the 2-core development machine read
         0.7-1.0 GB/s into fresh buffers and 1.6-1.8 GB/s into reused ones). A read the block
-        has no room for gets a buffer of its own, freed once given back.
+        has no room for gets a buffer of its own, freed once given back. A plan that keeps
+        the resident copies of the graph called most (``GraphPlan.follows``) reserves no
+        more: its reads beyond the block get buffers of their own while it runs, where a
+        larger block would stay held beside the other graph's plan, which did not count
+        it (prefill streaming decode's weights held 47 MiB more that way in the generate
+        bench).
         """
         if not locations and self.disk is None:
             return None
@@ -369,7 +389,7 @@ class Session:
             for p, r in zip(plan.cost.params, plan.residency, strict=True)
             if r.reads_from_disk
         ]
-        if streamed:
+        if streamed and plan.follows is None:
             self.disk.pool.reserve(plan.disk_buffer_peak() + read_buffer_bytes(max(streamed)))
         return self.disk
 

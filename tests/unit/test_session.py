@@ -111,13 +111,19 @@ def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_
     decode = _graph(1, {"a": STREAMED, "b": ON_ACCELERATOR}, index=1)
     session.graphs.extend([prefill, decode])
     asked: list[tuple[Any, tuple[Any, ...], Keep]] = []
+    released: list[Any] = []
 
-    def replan(graph: Any, args: tuple[Any, ...], keep: Keep) -> None:
-        asked.append((graph, args, keep))
-        kept = {fqn: ON_ACCELERATOR for fqn, _ in keep.copies}
-        graph.plan = _plan({"a": STREAMED, **kept}, graph.plan.graph_index, keep.graph_index)
+    class Replan:
+        def __call__(self, graph: Any, args: tuple[Any, ...], keep: Keep) -> None:
+            asked.append((graph, args, keep))
+            kept = {fqn: ON_ACCELERATOR for fqn, _ in keep.copies}
+            graph.plan = _plan({"a": STREAMED, **kept}, graph.plan.graph_index, keep.graph_index)
 
-    prefill.replan = decode.replan = replan
+        def release(self) -> None:
+            released.append(self)
+
+    prefill.replan, decode.replan = Replan(), Replan()
+    hooks = [prefill.replan, decode.replan]
     prefill.calls, decode.calls = 1, 1
     session.enter(decode, ("x",))
     session.enter(prefill, ("x",))
@@ -129,6 +135,7 @@ def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_
     assert asked == [(prefill, ("y",), Keep(1, frozenset({("b", "virtual:0")})))]
     assert resident_set(prefill.plan) == resident_set(decode.plan)
     assert prefill.replan is None and decode.replan is None, "the frame is planned again once"
+    assert sorted(map(id, released)) == sorted(map(id, hooks)), "the traced graphs let go"
     session.enter(decode, ())
     session.enter(prefill, ())
     assert len(asked) == 1
