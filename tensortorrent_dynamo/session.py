@@ -295,7 +295,9 @@ class Session:
             "graph %d planned again, %s graph %d's resident copies (called most: %d calls "
             "to its %d) in %.1f s",
             graph.plan.graph_index,
-            "keeping" if graph.plan.follows is not None else "which do not fit it beside",
+            "keeping"
+            if graph.plan.follows is not None
+            else "with a set of its own: it could not fit, or would cost more with,",
             leader.plan.graph_index,
             leader.calls,
             graph.calls,

@@ -492,7 +492,8 @@ def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
         elif all(g.replan is None for g in members):
             sharing = [
                 "  each keeps a resident set of its own: planned again to keep those of the "
-                f"graph called most, the others did not fit their budgets; {switching}"
+                "graph called most, the others could not fit them or would cost more with "
+                f"them (counting the copies made again at each switch); {switching}"
             ]
         else:
             sharing = [
