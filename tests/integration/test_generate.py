@@ -44,6 +44,17 @@ def _param_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _on_virtual(fraction: int) -> dict[str, Any]:
+    """Options for the model on a virtual device whose budget is 1/``fraction`` of its
+    weights."""
+    return {
+        "virtual_devices": VIRTUAL,
+        "devices": ["virtual:0"],
+        "budgets": {"virtual:0": _param_bytes(_model()) // fraction},
+        "compiler": "eager",
+    }
+
+
 def _kwargs(new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
     return {
         "max_new_tokens": new_tokens,
@@ -83,14 +94,7 @@ def _state_lines() -> str:
 
 class TestGenerate(expecttest.TestCase):
     def test_streamed_to_a_virtual_device_the_kv_cache_stays_there(self) -> None:
-        model = _model()
-        options = {
-            "virtual_devices": VIRTUAL,
-            "devices": ["virtual:0"],
-            "budgets": {"virtual:0": _param_bytes(model) // 3},
-            "compiler": "eager",
-        }
-        got, expected, _ = _generate_both(options)
+        got, expected, _ = _generate_both(_on_virtual(3))
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
         graphs = tt.tensortorrent_backend.graphs
         assert [g.calls for g in graphs] == [1, NEW_TOKENS - 1], "a prefill and a decode graph"
@@ -131,14 +135,7 @@ def test_from_the_second_call_prefill_keeps_the_resident_copies_of_decode() -> N
     ``generate()`` to keep the same copies, so no call drops and makes them again. (On a
     virtual device of declared rates, the plans are the same on every machine: here each
     graph first keeps a set of its own, and decode's fits prefill.)"""
-    model = _model()
-    options = {
-        "virtual_devices": VIRTUAL,
-        "devices": ["virtual:0"],
-        "budgets": {"virtual:0": _param_bytes(model) // 2},
-        "compiler": "eager",
-    }
-    got, expected, model = _generate_both(options)
+    got, expected, model = _generate_both(_on_virtual(2))
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     prefill, decode = tt.tensortorrent_backend.graphs
     assert resident_set(prefill.plan) != resident_set(decode.plan), "each its own set at first"
