@@ -485,5 +485,25 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
         1,
         0,
     );
-    assert!(matches!(too_big, Err(PlanError::Infeasible { .. })));
+    let Err(PlanError::Infeasible {
+        message,
+        min_budgets,
+    }) = too_big
+    else {
+        panic!("keeping every weight resident cannot fit: {too_big:?}");
+    };
+    // what the given placement needs, not what a search could have found
+    assert!(
+        message.starts_with("the replayed plan x does not fit the memory budgets: "),
+        "{message}"
+    );
+    let device = &devices[1].name;
+    assert!(
+        message.contains(&format!("{device} needs at least")),
+        "{message}"
+    );
+    assert!(
+        min_budgets.iter().any(|(name, _)| name == device),
+        "{min_budgets:?}"
+    );
 }

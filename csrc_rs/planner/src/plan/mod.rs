@@ -310,8 +310,17 @@ impl Planner {
         );
         let trial = s.simulate_windowed(placement, prefetch_depth, prefetch_window_bytes);
         let index = s.add(name.to_string(), Family::Replayed, trial, false);
-        if !s.candidates[index].feasible() {
-            return Err(infeasible(&s.candidates, devices, self.host_compute));
+        let replayed = &s.candidates[index];
+        if !replayed.feasible() {
+            // the placement was given: what it needs, not what a search might find
+            let lead = format!("the replayed plan {name} does not fit the memory budgets");
+            return Err(over_budget(
+                &lead,
+                replayed,
+                devices,
+                Vec::new(),
+                self.host_compute,
+            ));
         }
         let report = Report {
             stop_reason: StopReason::Replayed,
@@ -662,9 +671,30 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
             min_budgets: Vec::new(),
         };
     };
+    over_budget(
+        &format!(
+            "no candidate plan fits the memory budgets (closest: {})",
+            lenient.name
+        ),
+        lenient,
+        devices,
+        fixes,
+        host_compute,
+    )
+}
+
+/// The error of `candidate` not fitting the budgets: `lead`, then each device
+/// it needs more of and how to fix it (`fixes` are offered first).
+fn over_budget(
+    lead: &str,
+    candidate: &Evaluated,
+    devices: &[Device],
+    mut fixes: Vec<String>,
+    host_compute: bool,
+) -> PlanError {
     let mut min_budgets = Vec::new();
     let mut needs = Vec::new();
-    for (&peak, dev) in lenient.trial.sim.peak_bytes.iter().zip(devices) {
+    for (&peak, dev) in candidate.trial.sim.peak_bytes.iter().zip(devices) {
         if peak <= dev.budget_bytes {
             continue;
         }
@@ -687,11 +717,7 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
         _ => fixes.join(""),
     };
     PlanError::Infeasible {
-        message: format!(
-            "no candidate plan fits the memory budgets (closest: {}): {}. To fix it, {fix}.",
-            lenient.name,
-            needs.join("; ")
-        ),
+        message: format!("{lead}: {}. To fix it, {fix}.", needs.join("; ")),
         min_budgets,
     }
 }
