@@ -69,19 +69,19 @@ class TensorTorrentBackend:
         compile_id = torch._guards.CompileContext.current_compile_id()
         frame = compile_id.frame_id if compile_id is not None else None
         sizes = SymbolicSizes.of(gm)
-        if not sizes:
-            compiled = plan_and_compile(session, gm, graph_inputs, frame)
+
+        def hooked(compiled: CompiledGraph, bounds: dict[str, int] | None = None) -> CompiledGraph:
             if session.settings.plan is None:  # a saved plan's graphs are replayed as saved
-                compiled.replan = Replanner(session, gm, graph_inputs, frame)
+                compiled.replan = Replanner(session, gm, graph_inputs, frame, bounds)
             return compiled
+
+        if not sizes:
+            return hooked(plan_and_compile(session, gm, graph_inputs, frame))
 
         def build(bounds: dict[str, int]) -> CompiledGraph:
             # at call time too: under the session's lock, as no call may run meanwhile
             with session.lock:
-                compiled = plan_and_compile(session, gm, graph_inputs, frame, bounds)
-            if session.settings.plan is None:
-                compiled.replan = Replanner(session, gm, graph_inputs, frame, bounds)
-            return compiled
+                return hooked(plan_and_compile(session, gm, graph_inputs, frame, bounds), bounds)
 
         return SizeRanges(sizes, build)
 

@@ -246,8 +246,8 @@ class Session:
             graph.replan = None
         if self.current is graph:
             return
-        leader = self.leader(graph)
-        if leader is not None and graph.replan is not None:
+        leader = self.leader(graph) if graph.replan is not None else None
+        if leader is not None:
             self.follow(graph, leader, args)
         self.current = graph
         self.make_room(graph.plan, graph.frame)

@@ -490,10 +490,12 @@ def _keeping(
     made = Decisions.of(native, False)
     params = list(zip(graph.params, native.param_device, native.param_home, strict=True))
     sizes = {(p.fqn, names[d]): p.nbytes for p, d, _ in params}
+    # which parameters could keep a copy (``Residency.keeps_copy`` when not streamed)
+    copyable = [names[d] != "cpu" or home == "disk" for _, d, home in params]
     own = frozenset(  # the copies the plan keeps with a set of its own
         (p.fqn, names[d])
-        for (p, d, home), was in zip(params, made.param_streamed, strict=True)
-        if not was and (names[d] != "cpu" or home == "disk")
+        for (p, d, _), was, can in zip(params, made.param_streamed, copyable, strict=True)
+        if can and not was
     )
     rates = {d.name: d.disk_bytes_per_s if d.is_host else d.h2d_bytes_per_s for d in native_devices}
 
@@ -502,8 +504,8 @@ def _keeping(
 
     def keeping(copies: frozenset[tuple[str, str]]) -> _planner.Plan | None:
         streamed = tuple(
-            (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
-            for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+            (p.fqn, names[d]) not in copies if can else was
+            for (p, d, _), was, can in zip(params, made.param_streamed, copyable, strict=True)
         )
         if streamed == made.param_streamed:
             return native
@@ -521,7 +523,7 @@ def _keeping(
     usable = sorted((c for c in keep.copies if c in sizes), key=lambda c: (-sizes[c], c))
     kept, dropped = keeping(frozenset(usable)), 0
     if kept is None:  # the fewest dropped that fit (fewer copies kept hold fewer bytes)
-        low, high = 1, len(usable)
+        low, high = 1, len(usable) - 1  # keeping none of them is not keeping its copies
         while low <= high:
             mid = (low + high) // 2
             trial = keeping(frozenset(usable[mid:]))
@@ -533,9 +535,6 @@ def _keeping(
         log.info(
             "keeping graph %d's resident copies does not fit: a set of its own", keep.graph_index
         )
-        return None
-    if dropped == len(usable):
-        log.info("graph %d's resident copies do not fit: a set of its own", keep.graph_index)
         return None
     alone = native.predicted_time_s + seconds(own ^ frozenset(usable))
     shared = kept.predicted_time_s + seconds(frozenset(usable[:dropped]))
