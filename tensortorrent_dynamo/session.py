@@ -24,7 +24,13 @@ from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph
 from .errors import PlanInfeasible
 from .io.locations import TensorLocation
-from .io.pool import HostBufferPool, bound_heap_retention, read_buffer_bytes, release_free_heap
+from .io.pool import (
+    HostBufferPool,
+    bound_heap_retention,
+    keep_heap_for_calls,
+    read_buffer_bytes,
+    release_free_heap,
+)
 from .io.reader import DiskReader
 from .passes.chunk_weights import ChunkedInputs
 from .plan.files import SavedPlan
@@ -120,6 +126,8 @@ class CompiledGraph:
     def _run(self, args: Sequence[Any]) -> Any:
         if self.calls == 0:
             _collect_compile_garbage(self.plan.graph_index)
+            if self.settings.keep_heap and self.runtime.disk is None:
+                keep_heap_for_calls()
         if self.enter is not None:
             self.enter(self, args)
         if self.chunks is not None:

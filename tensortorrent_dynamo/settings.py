@@ -170,6 +170,12 @@ class Settings:
         help=f"bool: replay a plan searched before on this machine (default: True, or "
         f"${PLAN_CACHE_ENV} != '0')",
     )
+    keep_heap: bool = _option(
+        True,
+        help="bool: from the first call, have glibc keep the host memory a call frees for "
+        "the next one, not fault in fresh pages each call (default True; a disk tier "
+        "bounds it instead; it is the process's setting)",
+    )
 
     def fingerprint(self) -> str:
         """A stable text form, used as a cache key and in plan hashes."""
@@ -368,7 +374,9 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
                     f"(budgets={{{d!r}: '64MiB'}}) or declare it in 'virtual_devices'"
                 )
 
-    strict, verify, plan_cache = (_flag(merged, key) for key in ("strict", "verify", "plan_cache"))
+    strict, verify, plan_cache, keep_heap = (
+        _flag(merged, key) for key in ("strict", "verify", "plan_cache", "keep_heap")
+    )
 
     plan = merged.get("plan")
     if plan is not None and not Path(str(plan)).is_file():
@@ -405,6 +413,7 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
         prefetch_depth=prefetch_depth,
         planner_node_limit=node_limit,
         plan_cache=plan_cache,
+        keep_heap=keep_heap,
         verify=verify,
         offload_dir=offload_dir,
         checkpoint=checkpoint,
