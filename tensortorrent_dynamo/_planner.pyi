@@ -43,7 +43,10 @@ class CostGraph:
     call to the device the input is placed on rather than to the host; with ``in_place``
     the output is written into the input itself, which then lives where that runs) to
     none; ``node_rate_class`` (per node: which of a device's compute rates its FLOPs run
-    at, see ``Device.class_flops_per_s``) to all 0. Raises
+    at, see ``Device.class_flops_per_s``) to all 0; ``node_ops`` (per node: the ops it
+    runs, each paying its device's ``latency_s``: 0 for a graph input or an item taken from
+    a tuple, 1 for an op, a view included) to 1 for a node that computes or moves bytes and
+    0 otherwise. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -65,6 +68,7 @@ class CostGraph:
         param_disk_allowed: Sequence[bool] | None = None,
         state: Sequence[tuple[int, int, bool]] | None = None,
         node_rate_class: Sequence[int] | None = None,
+        node_ops: Sequence[int] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:

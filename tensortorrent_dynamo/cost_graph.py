@@ -62,6 +62,10 @@ class CostNode:
             the batch times the tokens of a linear layer), ``None`` for other nodes. A matmul
             of few rows reads its weight for few FLOPs and runs far below a device's square
             rate; the planner costs it at the rate measured at that many rows.
+        ops: the ops the node calls, each paying its device's fixed cost per op: 0 for a
+            graph input or an item taken from a tuple (``getitem``), 1 for an op, a view
+            included (it moves no bytes but is still dispatched). ``None`` (a cost graph
+            saved before ops were counted): 1 for a node that computes or moves bytes.
     """
 
     name: str
@@ -78,6 +82,14 @@ class CostNode:
     last_use: int = 0
     dtype: str | None = None
     rows: int | None = None
+    ops: int | None = None
+
+    @property
+    def op_count(self) -> int:
+        """The ops the node calls (``ops``, or the rule for a graph saved without them)."""
+        if self.ops is not None:
+            return self.ops
+        return int(self.flops > 0 or self.bytes_accessed > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,13 +332,14 @@ class CostGraph:
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
             node_rate_class=[classes.get((n.dtype or "float32", n.rows), 0) for n in self.nodes],
+            node_ops=[n.op_count for n in self.nodes],
         )
 
 
 def _node_json(node: CostNode) -> dict[str, Any]:
-    """A node's JSON form; ``dtype`` and ``rows`` only where it has them."""
+    """A node's JSON form; ``dtype``, ``rows`` and ``ops`` only where it has them."""
     data = dataclasses.asdict(node)
-    for optional in ("dtype", "rows"):
+    for optional in ("dtype", "rows", "ops"):
         if data[optional] is None:
             del data[optional]
     return data
@@ -536,6 +549,32 @@ def _matmul_rows(node: torch.fx.Node, sizes: Mapping[str, int] | None) -> int | 
     return rows if rows > 0 else None
 
 
+# ops that return a view of their input but are not marked as views (``is_view``): the
+# reshape of a fresh tensor
+_UNMARKED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
+def _call_kind(node: torch.fx.Node) -> str:
+    """``"item"`` for an item taken from a tuple (no op is dispatched), ``"view"`` for an
+    op whose result aliases its input (dispatched, but reading and writing nothing),
+    ``"op"`` for any other."""
+    target = node.target
+    if target is operator.getitem:
+        return "item"
+    if isinstance(target, torch._ops.OpOverload) and (
+        target in _UNMARKED_VIEWS
+        or (
+            target.is_view
+            # a composite such as ``reshape`` or ``contiguous`` may copy
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(
+                target.name(), "CompositeImplicitAutograd"
+            )
+        )
+    ):
+        return "view"
+    return "op"
+
+
 def _target_name(node: torch.fx.Node) -> str:
     if node.op == "call_function":
         return str(getattr(node.target, "__name__", node.target))
@@ -693,7 +732,12 @@ class _Builder:
             fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         if node.op == "call_module":
             fallback = fallback or "submodule calls are run where they were"
-        read = sum(tensor_bytes(_example(a), self.sizes) for a in node.all_input_nodes)
+        kind = _call_kind(node)
+        read = (
+            sum(tensor_bytes(_example(a), self.sizes) for a in node.all_input_nodes)
+            if kind == "op"
+            else 0  # a view or a tuple's item reads nothing
+        )
         self.add(
             node,
             op=node.op,
@@ -704,6 +748,7 @@ class _Builder:
             read_bytes=read,
             dtype=_flops_dtype(node) if flops > 0 else None,
             rows=_matmul_rows(node, self.sizes) if flops > 0 else None,
+            ops=0 if kind == "item" else 1,
         )
 
     def add(
@@ -719,6 +764,7 @@ class _Builder:
         read_bytes: int = 0,
         dtype: str | None = None,
         rows: int | None = None,
+        ops: int = 1,
     ) -> None:
         my_id = len(self.nodes)
         value = _example(node)
@@ -749,6 +795,7 @@ class _Builder:
                 "last_use": my_id,
                 **({"dtype": dtype} if dtype is not None else {}),
                 **({"rows": rows} if rows is not None else {}),
+                "ops": 0 if is_graph_input else ops,
             }
         )
 

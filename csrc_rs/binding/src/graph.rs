@@ -30,6 +30,7 @@ impl PyCostGraph {
         param_disk_allowed = None,
         state = None,
         node_rate_class = None,
+        node_ops = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -47,6 +48,7 @@ impl PyCostGraph {
         param_disk_allowed: Option<Vec<bool>>,
         state: Option<Vec<(u32, u32, bool)>>,
         node_rate_class: Option<Vec<u32>>,
+        node_ops: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -78,6 +80,9 @@ impl PyCostGraph {
             }
             if let Some(classes) = node_rate_class {
                 graph = graph.with_node_rate_class(classes)?;
+            }
+            if let Some(ops) = node_ops {
+                graph = graph.with_node_ops(ops)?;
             }
             Ok(graph)
         };

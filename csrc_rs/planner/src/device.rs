@@ -88,18 +88,19 @@ impl Device {
     }
 
     /// Seconds this device needs to run a node of `flops` operations of
-    /// rate class `class` that moves `bytes` through device memory: the
-    /// slower of compute and memory traffic, plus the fixed latency. A node
-    /// that computes and moves nothing (a graph input, a view of a parameter
-    /// taken where it is read) takes no time.
+    /// rate class `class` that moves `bytes` through device memory in `ops`
+    /// ops: the slower of compute and memory traffic, plus the fixed latency
+    /// of each op. A node that computes, moves and runs nothing (a graph
+    /// input) takes no time.
     #[must_use]
-    pub fn node_time(&self, flops: f64, bytes: u64, class: u32) -> f64 {
-        if flops == 0.0 && bytes == 0 {
-            return 0.0;
-        }
-        let compute = flops / self.class_rate(class);
+    pub fn node_time(&self, flops: f64, bytes: u64, class: u32, ops: u32) -> f64 {
+        let compute = if flops == 0.0 {
+            0.0
+        } else {
+            flops / self.class_rate(class)
+        };
         let traffic = bytes as f64 / self.mem_bytes_per_s;
-        compute.max(traffic) + self.latency_s
+        compute.max(traffic) + f64::from(ops) * self.latency_s
     }
 }
 

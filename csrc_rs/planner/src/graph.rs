@@ -70,6 +70,9 @@ pub struct CostGraph {
     output_ids: Vec<u32>,
     node_bytes_accessed: Vec<u64>,
     node_rate_class: Vec<u32>,
+    // per node: the ops it runs, each paying its device's fixed cost; `None`:
+    // one for a node that computes or moves bytes, none otherwise
+    node_ops: Option<Vec<u32>>,
     param_home: Vec<Tier>,
     param_disk_allowed: Vec<bool>,
     // per node: for a graph output that is the new value of a state input (a
@@ -312,6 +315,7 @@ impl CostGraph {
             output_ids,
             node_bytes_accessed: vec![0; n],
             node_rate_class: vec![0; n],
+            node_ops: None,
             param_home: vec![Tier::Host; p],
             param_disk_allowed: vec![false; p],
             output_state: vec![u32::MAX; n],
@@ -358,6 +362,26 @@ impl CostGraph {
             )));
         }
         self.node_rate_class = classes;
+        Ok(self)
+    }
+
+    /// Sets the ops each node runs on its device, each paying the device's
+    /// fixed cost (`Device::latency_s`): 0 for a node that runs nothing (a
+    /// graph input, an item taken from a tuple), 1 for an op, a view
+    /// included (it moves no bytes, but is still called). By default a node
+    /// runs one op when it computes or moves bytes, none otherwise.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the node count.
+    pub fn with_node_ops(mut self, ops: Vec<u32>) -> Result<Self, PlanError> {
+        if ops.len() != self.num_nodes() {
+            return Err(invalid(format!(
+                "node_ops has {} entries but node_flops has {}",
+                ops.len(),
+                self.num_nodes()
+            )));
+        }
+        self.node_ops = Some(ops);
         Ok(self)
     }
 
@@ -539,6 +563,22 @@ impl CostGraph {
     #[must_use]
     pub fn node_rate_class(&self) -> &[u32] {
         &self.node_rate_class
+    }
+
+    /// The ops node `v` runs, each paying its device's fixed cost (see
+    /// `with_node_ops`).
+    #[must_use]
+    pub fn node_ops(&self, v: usize) -> u32 {
+        match &self.node_ops {
+            Some(ops) => ops[v],
+            None => u32::from(self.node_flops[v] > 0.0 || self.node_bytes_accessed[v] > 0),
+        }
+    }
+
+    /// The ops of every node, where they were set (`with_node_ops`).
+    #[must_use]
+    pub fn explicit_node_ops(&self) -> Option<&[u32]> {
+        self.node_ops.as_deref()
     }
 
     /// Home tier of each parameter.

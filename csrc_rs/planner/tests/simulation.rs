@@ -246,3 +246,30 @@ fn exhaustive_search_is_bounded_and_finds_the_optimum() {
     small[1].budget_bytes = 3 * MIB;
     assert!(exhaustive(&g, &small, false, 1, 100).unwrap().is_some());
 }
+
+#[test]
+fn each_op_a_node_runs_pays_the_fixed_cost() {
+    let mut devices = exact_devices();
+    devices[0].latency_s = 0.5;
+    let all_host = [0, 0, 0];
+    // By default a node that computes pays one fixed cost, the input none.
+    let base = simulate(&two_layers(), &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(base.predicted_time_s, 2.0 + 2.0 * 0.5);
+    // Set per node: the input runs nothing, the first layer three ops (a
+    // view and two kernels, say), the second one.
+    let g = two_layers().with_node_ops(vec![0, 3, 1]).unwrap();
+    let ops = simulate(&g, &devices, &all_host, &[false; 2], 1).unwrap();
+    assert_close(ops.predicted_time_s, 2.0 + 4.0 * 0.5);
+    // A view computes and moves nothing but is still called.
+    let mut b = Builder::default();
+    let x = b.input(1000);
+    let view = b.node(0.0, 1000, false, &[x]);
+    b.output(view);
+    let g = b.build().with_node_ops(vec![0, 1]).unwrap();
+    let view_only = simulate(&g, &devices, &[0, 0], &[], 1).unwrap();
+    assert_close(view_only.predicted_time_s, 0.5);
+    assert!(matches!(
+        two_layers().with_node_ops(vec![1, 1]),
+        Err(PlanError::InvalidGraph(_))
+    ));
+}

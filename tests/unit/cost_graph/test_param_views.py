@@ -40,3 +40,32 @@ def test_a_view_of_a_parameter_runs_with_its_one_reader_and_costs_nothing() -> N
     # the form saved to a file keeps it
     saved = json.loads(json.dumps(cost.to_json()))
     assert type(cost).from_json(saved).runs_with == cost.runs_with
+
+
+def test_views_and_tuple_items_move_no_bytes_and_items_call_no_op() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a, b = (x * 2).split(4, dim=1)  # split: a view op; a, b: items of its tuple
+        return (a.transpose(0, 1) + b.t()).exp()
+
+    ((gm, inputs),) = capture(f, torch.randn(8, 8))
+    cost = build_cost_graph(gm, inputs.values, inputs.params)
+    by_target: dict[str, list[int]] = {}
+    for i, n in enumerate(cost.nodes):
+        by_target.setdefault(n.target.split(".")[0], []).append(i)
+    for name in ("split", "transpose", "t"):
+        for i in by_target[name]:
+            node = cost.nodes[i]
+            assert (node.bytes_accessed, node.ops) == (0, 1), (name, node)
+    for i in by_target["getitem"]:
+        assert (cost.nodes[i].bytes_accessed, cost.nodes[i].ops) == (0, 0)
+    (mul,) = by_target["mul"]
+    assert cost.nodes[mul].bytes_accessed == 2 * 8 * 8 * 4 and cost.nodes[mul].ops == 1
+    assert all(n.ops == 0 for n in cost.nodes if n.is_graph_input)
+    # a cost graph saved before ops were counted reads with the rule it was planned with
+    saved = json.loads(json.dumps(cost.to_json()))
+    for node in saved["nodes"]:
+        del node["ops"]
+    old = type(cost).from_json(saved)
+    assert [n.op_count for n in old.nodes] == [
+        int(n.flops > 0 or n.bytes_accessed > 0) for n in cost.nodes
+    ]

@@ -94,6 +94,7 @@ impl<'a> Costs<'a> {
                     g.node_flops()[v],
                     g.node_bytes_accessed()[v],
                     g.node_rate_class()[v],
+                    g.node_ops(v),
                 );
                 window[k] = since[d];
                 since[d] = if bytes[v] > 0.0 { t } else { since[d] + t };

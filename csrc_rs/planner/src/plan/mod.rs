@@ -507,6 +507,10 @@ impl Planner {
                 h.f64s(&d.class_flops_per_s);
             }
         }
+        if let Some(ops) = g.explicit_node_ops() {
+            h.str("node_ops");
+            h.u32s(ops);
+        }
         if g.has_disk_params() {
             h.str("param_home");
             for t in g.param_home() {

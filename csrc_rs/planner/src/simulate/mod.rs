@@ -666,6 +666,7 @@ impl Workspace {
             g.node_flops()[x],
             g.node_bytes_accessed()[x],
             g.node_rate_class()[x],
+            g.node_ops(x),
         );
         let (_, finish) = clock.queues.run(
             Resource::Compute(dev),
