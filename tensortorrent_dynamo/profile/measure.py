@@ -83,7 +83,7 @@ BUDGETS: dict[Mode, Budget] = {
         disk_budget_s=1.5,
         # bfloat16 too: the dtype most large models run in, at a rate of its own
         dtypes=(torch.float32, torch.bfloat16),
-        matmul_rows=(1, 16, 256),
+        matmul_rows=(1, 4, 16, 64, 256),
     ),
     "quick": Budget(
         repeats=5,
@@ -142,13 +142,19 @@ def time_per_call(
 ) -> tuple[float, int]:
     """Median seconds per call of ``fn``, and the most calls a sample made.
 
-    After ``budget.warmup`` untimed calls, one timed call sets how many calls make a sample
-    of about ``budget.sample_s``; a sample stops early past twice that (a busy machine must
-    not stretch the run). ``sync`` waits for queued device work before each clock read.
+    After ``budget.warmup`` untimed calls, and untimed calls for ``budget.sample_s`` more (a
+    first figure in a process measured a third low without them: threads and caches still
+    cold), one timed call sets how many calls make a sample of about ``budget.sample_s``; a
+    sample stops early past twice that (a busy machine must not stretch the run). ``sync``
+    waits for queued device work before each clock read.
     """
     for _ in range(budget.warmup):
         fn()
     sync()
+    warm_until = time.perf_counter() + budget.sample_s
+    while time.perf_counter() < warm_until:
+        fn()
+        sync()
     start = time.perf_counter()
     fn()
     sync()
@@ -173,7 +179,7 @@ def time_per_call(
 def _how(budget: Budget, calls: int) -> str:
     return (
         f"median over {budget.repeats} samples of up to {calls} call(s) "
-        f"after {budget.warmup + 1} warm-up call(s)"
+        f"after {budget.warmup + 1} warm-up call(s) and {budget.sample_s:g} s of them"
     )
 
 
@@ -375,30 +381,72 @@ def memory_bandwidth(device: str, budget: Budget) -> Figure:
     )
 
 
-# the ops in a row that measure the fixed cost of one (the call of the graph spread over them)
-OP_CHAIN = 64
+# the probe of the per-op cost: decoder layers at this width, sequence and depth
+PROBE_WIDTH, PROBE_TOKENS, PROBE_LAYERS = 32, 8, 4
+
+
+def _probe_layer(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    """One decoder layer as the models planned are made of (RMS norms, projections, rotary
+    embedding, attention, a gated MLP), for ``op_latency``."""
+    import torch.nn.functional as F
+
+    wq, wk, wv, wo, w1, w2, w3, norm, cos, sin = weights
+    b, s, d = x.shape
+
+    def rms(t: torch.Tensor) -> torch.Tensor:
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * norm
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(b, s, 4, d // 4).transpose(1, 2)
+
+    def rope(t: torch.Tensor) -> torch.Tensor:
+        half = t.shape[-1] // 2
+        return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+    h = rms(x)
+    q, k, v = heads(F.linear(h, wq)), heads(F.linear(h, wk)), heads(F.linear(h, wv))
+    a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+    x = x + F.linear(a.transpose(1, 2).reshape(b, s, d), wo)
+    h = rms(x)
+    return x + F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2)
 
 
 def op_latency(device: str, budget: Budget) -> Figure:
-    """Time per op of a graph of ``OP_CHAIN`` one-element ``aten.add`` in a row: the fixed
-    cost of one operation as an eager segment pays it (the generated code's call, the
-    dispatch, allocating the output; on an accelerator, the launch)."""
-    graph = torch.fx.Graph()
-    x, y = graph.placeholder("x"), graph.placeholder("y")
-    value = x
-    for _ in range(OP_CHAIN):
-        value = graph.call_function(torch.ops.aten.add.Tensor, (value, y))
-    graph.output(value)
-    chain = torch.fx.GraphModule(torch.nn.Module(), graph)
-    a = torch.ones(1, device=device)
-    b = torch.ones(1, device=device)
-    per_call, calls = time_per_call(lambda: chain(a, b), _sync((device,)), budget)
+    """Time per op of the aten graph of a few tiny decoder layers (``_probe_layer``): the
+    fixed cost of one operation as an eager segment pays it, over the mix of ops models are
+    made of (views, matmuls, elementwise ops, reductions, attention; each the generated
+    code's call, the dispatch, allocating the output; on an accelerator, the launch). On the
+    2-core development machine: 4.8 us an op, where a row of one-element ``aten.add``
+    measured 2.4-2.7 us and a small Llama's graph ran at 5-6 us an op."""
+    import operator
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    d, s = PROBE_WIDTH, PROBE_TOKENS
+    shapes = [(1, s, d), *[(d, d)] * 4, (2 * d, d), (d, 2 * d), (2 * d, d), (d,)]
+    shapes += [(s, d // 4)] * 2
+    args = [torch.randn(shape, device=device) for shape in shapes]
+
+    def layers(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        for _ in range(PROBE_LAYERS):
+            x = _probe_layer(x, *weights)
+        return x
+
+    with torch.no_grad():
+        graph = make_fx(layers)(*args)
+        ops = sum(
+            1
+            for n in graph.graph.nodes
+            if n.op == "call_function" and n.target is not operator.getitem
+        )
+        per_call, calls = time_per_call(lambda: graph(*args), _sync((device,)), budget)
     return Figure(
-        value=per_call / OP_CHAIN,
+        value=per_call / ops,
         unit="s",
         method=(
-            f"an FX graph of {OP_CHAIN} one-element aten.add on {device} in a row (each "
-            f"allocating its output), time per call / {OP_CHAIN}; "
+            f"the aten graph of {PROBE_LAYERS} decoder layers of width {d} at {s} tokens "
+            f"({ops} ops: views, matmuls, elementwise ops, norms, rotary embedding, "
+            f"attention) on {device}, time per call / {ops}; "
             f"{_how(budget, calls)}{_threads(device)}"
         ),
     )
