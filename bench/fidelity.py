@@ -22,12 +22,16 @@ Summary (``summary`` in the JSON): mean and worst absolute error of the time, of
 times and of the peaks, over the host and disk cases (the goal: mean within 15%, worst
 within 30%) and of the peaks over the virtual ones.
 
-The plans are made with a host profile measured at the start of the run (the short one a
-first compile measures), not the cached one: the cache is keyed by the hardware's
-fingerprint, and the same fingerprint on another day (or another machine of the class)
-runs at other rates. ``--profile cached`` plans with the cached profile instead.
+Each case is planned with a short host profile (the one a first compile measures) measured
+just before it, not the cached one: the cache is keyed by the hardware's fingerprint, and
+the same fingerprint on another day runs at other rates; and on a shared virtual machine
+the rates drift within minutes (an MLP of wide layers at batch 4 took 30-55 ms a call in
+eager over ten minutes of one session), so a profile measured a minute before a case
+measures another machine. The error is then the simulator's, given the figures of the
+moment. ``--profile start`` measures one at the start; ``--profile cached`` plans with the
+cached one.
 
-    python -m bench.fidelity [--repeats 5] [--quick] [--no-drop] [--profile fresh|cached]
+    python -m bench.fidelity [--repeats 5] [--quick] [--no-drop] [--profile case|start|cached]
 """
 
 from __future__ import annotations
@@ -163,9 +167,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--profile",
-        choices=("fresh", "cached"),
-        default="fresh",
-        help="measure the host profile now (default) or plan with the cached one",
+        choices=("case", "start", "cached"),
+        default="case",
+        help="measure a short host profile before each case (default), once at the start, "
+        "or plan with the cached one",
     )
     parser.add_argument("--quick", action="store_true", help="smaller inputs, fewer cases")
     parser.add_argument("--no-drop", action="store_true", help="keep the page cache")
@@ -175,8 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cases: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-fidelity-") as scratch:
-        profile = _fresh_profile(Path(scratch)) if args.profile == "fresh" else None
-        _run_cases(args, cases, {} if profile is None else {"profile": str(profile[0])})
+        _run_cases(args, cases, Path(scratch))
     results = {
         "method": (
             "per case: tt.compile, one untimed call, then `repeats` calls (the page cache "
@@ -189,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "quick": args.quick,
         "repeats": args.repeats,
         "page_cache": "kept (--no-drop)" if args.no_drop else "dropped before disk cases' calls",
-        "profile": "cached" if profile is None else profile[1],
+        "profile": {
+            "cached": "the cached host profile",
+            "start": "a short host profile measured at the start of the run",
+            "case": "a short host profile measured just before each case (its figures in "
+            "the case's `profile`)",
+        }[args.profile],
         "summary": summarize(cases),
         "cases": cases,
         "runtime_s": time.perf_counter() - started,
@@ -205,40 +214,62 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {path}")
 
 
-def _fresh_profile(scratch: Path) -> tuple[Path, dict[str, Any]]:
-    """Measure the short host profile now (its disk in ``scratch``), write it there; the
-    file and the figures the plans use from it."""
+def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
+    """Measure the short host profile now (its disk in ``scratch`` when ``disk``), write it
+    there; the file and the figures the plans use from it."""
     from tensortorrent_dynamo.profile.host import HostProfile
     from tensortorrent_dynamo.profile.measure import measure_host
 
     started = time.perf_counter()
-    measured = measure_host("short", scratch / "disk")
-    path = scratch / "profile.json"
+    measured = measure_host("short", scratch / "disk" if disk else None)
+    path = scratch / f"profile-{time.monotonic_ns()}.json"
     path.write_text(measured.to_json())
-    cpu = HostProfile.from_measurements(measured, "measured now").device("cpu")
+    profile = HostProfile.from_measurements(measured, "measured now")
+    cpu = profile.device("cpu")
     figures = {
         "measured_s": time.perf_counter() - started,
         "cpu_flops_per_s": cpu.flops_per_s,
         "cpu_memory_bytes_per_s": cpu.memory_bandwidth_bytes_per_s,
         "cpu_op_latency_s": cpu.latency_s,
+        "disk_read_bytes_per_s": profile.disk_read_bytes_per_s,
     }
+    disk_text = (
+        f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s"
+        if figures["disk_read_bytes_per_s"]
+        else ""
+    )
     print(
-        f"profile measured in {figures['measured_s']:.1f} s: cpu {cpu.flops_per_s / 1e9:.1f} "
-        f"GFLOP/s, memory {(cpu.memory_bandwidth_bytes_per_s or 0) / 1e9:.1f} GB/s, "
-        f"op {cpu.latency_s * 1e6:.2f} us",
+        f"  profile ({figures['measured_s']:.1f} s): cpu {cpu.flops_per_s / 1e9:.0f} GFLOP/s, "
+        f"memory {(cpu.memory_bandwidth_bytes_per_s or 0) / 1e9:.1f} GB/s, "
+        f"op {cpu.latency_s * 1e6:.2f} us{disk_text}",
         flush=True,
     )
-    return path, {"source": "measured at the start of the run", **figures}
+    return path, figures
 
 
-def _run_cases(
-    args: argparse.Namespace, cases: dict[str, dict[str, Any]], profile: dict[str, str]
-) -> None:
-    """Run every case into ``cases``; ``profile``: the option naming the profile, if any."""
+def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scratch: Path) -> None:
+    """Run every case into ``cases``, each planned with the profile ``args.profile`` names
+    (``scratch``: where fresh ones are measured)."""
+    started: list[tuple[Path, dict[str, Any]]] = []
 
-    def record(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+    def profile_options(disk: bool) -> tuple[dict[str, str], dict[str, Any] | None]:
+        if args.profile == "cached":
+            return {}, None
+        if args.profile == "case" or not started:
+            fresh = _fresh_profile(scratch, disk=disk or args.profile == "start")
+            started[:] = [fresh]
+        path, figures = started[0]
+        return {"profile": str(path)}, figures
+
+    def record(
+        name: str, fn: Callable[[dict[str, str]], dict[str, Any]], disk: bool = False
+    ) -> None:
+        print(name, flush=True)
         try:
-            cases[name] = fn()
+            profile, figures = profile_options(disk)
+            cases[name] = fn(profile)
+            if figures is not None:
+                cases[name]["profile"] = figures
         except Exception as exc:  # a case that fails is recorded, the others still run
             cases[name] = {"error": f"{type(exc).__name__}: {exc}"}
         case = cases[name]
@@ -248,9 +279,9 @@ def _run_cases(
                 for what, f in case["figures"].items()
                 if f["error"] is not None and not what.endswith("->cpu")
             )
-            print(f"{name:<28} {shown}", flush=True)
+            print(f"  {shown}", flush=True)
         else:
-            print(f"{name:<28} {case['error']}", flush=True)
+            print(f"  {case['error']}", flush=True)
 
     host = _host_cases(args.quick)
     if args.quick:
@@ -258,7 +289,7 @@ def _run_cases(
     for name, (make, inputs) in host.items():
         record(
             f"host/{name}",
-            lambda make=make, inputs=inputs: run_case(  # type: ignore[misc]
+            lambda profile, make=make, inputs=inputs: run_case(  # type: ignore[misc]
                 make(), inputs, {"compiler": "eager", **profile}, args.repeats, cold=False
             ),
         )
@@ -266,7 +297,7 @@ def _run_cases(
         llama, llama_inputs = _llama()
         record(
             "host/llama_tiny",
-            lambda: run_case(
+            lambda profile: run_case(
                 llama, llama_inputs, {"compiler": "eager", **profile}, args.repeats, cold=False
             ),
         )
@@ -278,18 +309,18 @@ def _run_cases(
         }
         if not args.quick:
             disk["llama_tiny"] = _llama()
-        for name, (model, inputs) in disk.items():
+        for name, (model, disk_inputs) in disk.items():
             options = {
                 "compiler": "eager",
                 "budgets": {"cpu": param_bytes(model) // 2},
                 "offload_dir": offload,
-                **profile,
             }
             record(
                 f"disk/{name}",
-                lambda model=model, inputs=inputs, options=options: run_case(  # type: ignore[misc]
-                    model, inputs, options, args.repeats, cold=not args.no_drop
+                lambda profile, model=model, inputs=disk_inputs, options=options: run_case(  # type: ignore[misc]
+                    model, inputs, {**options, **profile}, args.repeats, cold=not args.no_drop
                 ),
+                disk=True,
             )
     from tests.integration.corpus.harness import options as corpus_options
     from tests.integration.corpus.models import ENTRIES
@@ -298,7 +329,7 @@ def _run_cases(
         built = entry.build()
         record(
             f"virtual/{entry.name}",
-            lambda built=built, entry=entry: run_case(  # type: ignore[misc]
+            lambda profile, built=built, entry=entry: run_case(  # type: ignore[misc]
                 built,
                 entry.inputs(0),
                 {**corpus_options("third", built), **profile},
