@@ -138,8 +138,8 @@ class Device:
         """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
     @property
     def disk_latency_s(self) -> float:
-        """Fixed cost in seconds of a disk read issued to an idle disk, used on the host
-        (0: not modelled)."""
+        """Fixed cost in seconds of a disk read, less what the transfer of a read queued
+        before it hides, used on the host (0: not modelled)."""
 
 @final
 class Candidate:

@@ -153,9 +153,10 @@ class HostProfile:
 
     @property
     def planned_disk_latency_s(self) -> float:
-        """The fixed cost of a disk read issued to an idle disk that the planner uses: the
-        disk's latency (the measured time of a random 4 KiB read, else the nominal 0.1 ms)
-        plus what the reader's hand-offs cost a read (``io.reader.READ_HANDOFF_S``)."""
+        """The fixed cost of a disk read that the planner uses (less what the transfer of a
+        read queued before it hides): the disk's latency (the measured time of a random 4 KiB
+        read, else the nominal 0.1 ms) plus what the reader's hand-offs cost a read
+        (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
         return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
 

@@ -34,11 +34,11 @@ pub struct Device {
     /// used: parameters whose home is disk are read into host memory).
     /// Infinite means "not modelled".
     pub disk_bytes_per_s: f64,
-    /// Fixed cost of a read from the disk tier issued while no other read is
-    /// in flight, in seconds, beyond its bytes over `disk_bytes_per_s` (the
-    /// request's latency and the reader's hand-offs; a read queued behind
-    /// another overlaps it with that one; only the host's is used). 0 means
-    /// "not modelled".
+    /// Fixed cost of a read from the disk tier, in seconds, beyond its bytes
+    /// over `disk_bytes_per_s` (the request's latency and the reader's
+    /// hand-offs; a read queued behind another hides it behind that one's
+    /// transfer, as far as the transfer lasts; only the host's is used). 0
+    /// means "not modelled".
     pub disk_latency_s: f64,
 }
 

@@ -273,3 +273,36 @@ fn each_op_a_node_runs_pays_the_fixed_cost() {
         Err(PlanError::InvalidGraph(_))
     ));
 }
+
+#[test]
+fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
+    // Both weights (1 MB each) on disk at 1 GB/s: 1 ms of transfer each,
+    // the second read issued while the first is still in flight.
+    let g = two_layers()
+        .with_param_home(vec![Tier::Disk, Tier::Disk])
+        .unwrap();
+    let disk_reads = |latency: f64| {
+        let mut devices = exact_devices();
+        devices[0].disk_bytes_per_s = 1e9;
+        devices[0].disk_latency_s = latency;
+        let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
+        let mut reads = records(&sim.timeline, Activity::Param);
+        reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        assert_eq!(reads.len(), 2);
+        assert!(reads[1].start_s >= reads[0].end_s - 1e-12, "{reads:?}");
+        reads
+            .iter()
+            .map(|r| r.end_s - r.start_s)
+            .collect::<Vec<_>>()
+    };
+    // a fixed cost under the transfer before it: the first read pays it,
+    // the second hides it
+    let short = disk_reads(0.0005);
+    assert_close(short[0], 0.0015);
+    assert_close(short[1], 0.001);
+    // a fixed cost past it (reads of a few KiB, whose hand-offs run one
+    // after the other): the second pays what the transfer did not hide
+    let long = disk_reads(0.003);
+    assert_close(long[0], 0.004);
+    assert_close(long[1], 0.001 + 0.002);
+}
