@@ -129,6 +129,31 @@ def run_case(
     }
 
 
+def merge_rounds(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per case, its rounds and per figure the median of their errors (a round that failed
+    is kept with its error, and counts for nothing)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for name in rounds[0]:
+        runs = [r[name] for r in rounds if name in r]
+        figures: dict[str, dict[str, Any]] = {}
+        for run in runs:
+            for what, figure in run.get("figures", {}).items():
+                into = figures.setdefault(
+                    what,
+                    {"unit": figure["unit"], "predicted": [], "measured": [], "errors": []},
+                )
+                into["predicted"].append(figure["predicted"])
+                into["measured"].append(figure["measured"])
+                if figure["error"] is not None:
+                    into["errors"].append(figure["error"])
+        for figure in figures.values():
+            figure["error"] = statistics.median(figure["errors"]) if figure["errors"] else None
+        merged[name] = {"rounds": runs, **({"figures": figures} if figures else {})}
+        if not figures:
+            merged[name]["error"] = runs[0].get("error", "no figures")
+    return merged
+
+
 def _kind(what: str) -> str:
     name = what.split(" ", 2)[-1] if what.startswith("graph ") else what
     if name == "time":
@@ -166,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every case this many times, each with its profile; a figure's error is the "
+        "median of its rounds'",
+    )
+    parser.add_argument(
         "--profile",
         choices=("case", "start", "cached"),
         default="case",
@@ -177,10 +209,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=None, help="directory of the JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    cases: dict[str, dict[str, Any]] = {}
+    rounds: list[dict[str, dict[str, Any]]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-fidelity-") as scratch:
-        _run_cases(args, cases, Path(scratch))
+        for r in range(args.rounds):
+            print(f"round {r + 1} of {args.rounds}", flush=True)
+            rounds.append({})
+            _run_cases(args, rounds[-1], Path(scratch))
+    cases = merge_rounds(rounds)
     results = {
         "method": (
             "per case: tt.compile, one untimed call, then `repeats` calls (the page cache "
@@ -188,10 +224,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             "(the call's time, each resource's busy time from the simulated timeline, each "
             "virtual device's peak) are compared with what the call measured (its time, the "
             "union of the runtime's spans per resource, the device ledger's peak); measured "
-            "= median over the calls; error = (predicted - measured) / measured"
+            "= median over the calls; error = (predicted - measured) / measured; each case "
+            "runs `rounds` times (all cases, then all again), each planned with a profile "
+            "of its own: a figure's error is the median of its rounds' errors"
         ),
         "quick": args.quick,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "page_cache": "kept (--no-drop)" if args.no_drop else "dropped before disk cases' calls",
         "profile": {
             "cached": "the cached host profile",

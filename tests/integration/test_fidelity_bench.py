@@ -14,16 +14,21 @@ from bench import fidelity
 
 @pytest.mark.slow
 def test_fidelity_bench_compares_every_case(tmp_path: Path) -> None:
-    fidelity.main(["--quick", "--repeats", "1", "--no-drop", "--results", str(tmp_path)])
+    fidelity.main(
+        ["--quick", "--repeats", "1", "--rounds", "2", "--profile", "start", "--no-drop"]
+        + ["--results", str(tmp_path)]
+    )
     data = json.loads((tmp_path / "fidelity.json").read_text())
     cases = data["cases"]
     assert {"host/mlp_512x8", "disk/ram_offload_quick", "virtual/llama"} <= set(cases)
     for name, case in cases.items():
         assert "error" not in case, f"{name}: {case.get('error')}"
+        assert len(case["rounds"]) == 2, name
         figures = case["figures"]
         assert "time" in figures, name
         for what, figure in figures.items():
-            assert figure["predicted"] >= 0 and figure["measured"] >= 0, (name, what)
+            assert len(figure["predicted"]) == len(figure["measured"]) == 2, (name, what)
+            assert min(figure["predicted"]) >= 0 and min(figure["measured"]) >= 0, (name, what)
             assert figure["error"] is None or math.isfinite(figure["error"]), (name, what)
     assert "busy disk->cpu" in cases["disk/ram_offload_quick"]["figures"]
     assert "peak virtual:0" in cases["virtual/llama"]["figures"]
