@@ -31,7 +31,8 @@ measures another machine. The error is then the simulator's, given the figures o
 moment. ``--profile start`` measures one at the start; ``--profile cached`` plans with the
 cached one.
 
-    python -m bench.fidelity [--repeats 5] [--quick] [--no-drop] [--profile case|start|cached]
+    python -m bench.fidelity [--repeats 5] [--rounds 3] [--quick] [--no-drop]
+                             [--profile case|start|cached]
 """
 
 from __future__ import annotations
