@@ -567,7 +567,8 @@ def _call_kind(node: torch.fx.Node) -> str:
             target.is_view
             # a composite such as ``reshape`` or ``contiguous`` may copy
             and not torch._C._dispatch_has_kernel_for_dispatch_key(
-                target.name(), "CompositeImplicitAutograd"
+                target.name(),  # type: ignore[no-untyped-call]
+                "CompositeImplicitAutograd",
             )
         )
     ):

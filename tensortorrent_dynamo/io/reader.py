@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..errors import OffloadError
+from ..threads import worker_pool
 from . import page_cache
 from .locations import TensorLocation
 from .page_cache import PAGE_BYTES, _round_up
@@ -167,12 +168,8 @@ class DiskReader:
         self.direct = direct
         self.threads = threads
         self.chunk_bytes = chunk_bytes
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="tensortorrent-disk"
-        )
-        self._verifier = concurrent.futures.ThreadPoolExecutor(
-            max_workers=VERIFY_THREADS, thread_name_prefix="tensortorrent-verify"
-        )
+        self._executor = worker_pool(threads, "tensortorrent-disk")
+        self._verifier = worker_pool(VERIFY_THREADS, "tensortorrent-verify")
         self._lock = threading.Lock()
         self._files: dict[Path, _OpenFile] = {}
         self._replaced: list[_OpenFile] = []  # may still be read from; closed by close()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ..io.locations import TensorLocation
+from ..threads import worker_pool
 from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle, wait_for
 from .record import Recorder
 
@@ -121,9 +122,7 @@ class CudaEngine(CopyEngine):
             if self._h2d is None:
                 self._h2d = (
                     torch.cuda.Stream(self.device),  # type: ignore[no-untyped-call]
-                    concurrent.futures.ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix=f"tt-{self.device}-h2d"
-                    ),
+                    worker_pool(1, f"tt-{self.device}-h2d"),
                 )
             return self._h2d
 
