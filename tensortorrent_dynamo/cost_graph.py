@@ -809,6 +809,12 @@ class _Builder:
                 node["last_use"] = end
         for nid in self.output_ids:
             self.nodes[nid]["last_use"] = end
+        runs_with = self._runs_with()
+        for nid in self.runs_with:
+            # a view of parameters is called where its reader runs: its op is the reader's
+            # (costed on the reader's device, wherever the plan would put the view itself)
+            self.nodes[runs_with[nid]]["ops"] += self.nodes[nid]["ops"]
+            self.nodes[nid]["ops"] = 0
         spans = tuple(
             StorageSpan(
                 first=first, last=max(self.nodes[u]["last_use"] for u in users), nbytes=nbytes
@@ -821,7 +827,7 @@ class _Builder:
             output_ids=tuple(self.output_ids),
             storages=tuple(sorted(spans, key=lambda s: (s.first, s.last, s.nbytes))),
             assumed_sizes=_assumed_sizes(self.gm, self.sizes),
-            runs_with=self._runs_with(),
+            runs_with=runs_with,
         )
 
     def _runs_with(self) -> tuple[int, ...]:

@@ -63,7 +63,7 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
             ]
         )
     header = ["device", "kind", "budget", "compute", "link h2d", "peak predicted", "peak measured"]
-    lines = ["Devices", *_table(header, rows), *_explain_rates(graphs)]
+    lines = ["Devices", *_table(header, rows), *_explain_rates(graphs), *_explain_ops(graphs)]
     if any(g.last_rss_peak is not None for g in graphs):
         lines.append(
             "  host RSS: the whole process's resident memory during the last call (sampled "
@@ -112,6 +112,28 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
             f"{'; '.join(rates)}"
         )
     return lines
+
+
+def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
+    """How many ops the graphs call and the fixed cost each device charges an op."""
+    ops = sum(node.op_count for graph in graphs for node in graph.plan.cost.nodes)
+    views = sum(
+        1
+        for graph in graphs
+        for node in graph.plan.cost.nodes
+        if not node.is_graph_input
+        and node.flops == 0
+        and node.bytes_accessed == 0
+        and node.target != "getitem"
+    )
+    costs = ", ".join(
+        f"{planned.profile.name} {format_seconds(planned.profile.latency_s)}"
+        for planned in graphs[0].plan.devices
+    )
+    return [
+        f"  ops: {ops} (each graph once; {views} views or other ops moving no bytes), each "
+        f"costed a fixed {costs} beyond its FLOPs or bytes"
+    ]
 
 
 def _device_rates(dev: DeviceProfile, dtype: str, by_rows: dict[int | None, float]) -> str:

@@ -47,21 +47,22 @@ Devices
   device     kind     budget     compute        link h2d    peak predicted  peak measured
   cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       <rss>
   virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
+  ops: 9 (each graph once; 3 views or other ops moving no bytes), each costed a fixed cpu 5.0 us, virtual:0 1.0 us beyond its FLOPs or bytes
   host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
-Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan 7e47b112a13d9b10
-  candidates (searched all families: 4814 candidates simulated (48140 nodes)):
-    single-device: all-on-virtual:0 11.1 us (chosen) | all-on-virtual:0/streamed 11.1 us | all-on-cpu 35.5 us
-    knapsack: all-on-virtual:0/knapsack 11.1 us | all-on-virtual:0/knapsack/window-9KiB 11.1 us
-  lower bound 6.0 us (busiest resource's work); predicted / bound 1.84x; busy: virtual:0 54%, cpu 45%, cpu->virtual:0 5%
+Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan a90eb4aa9f9b2446
+  candidates (searched all families: 5264 candidates simulated (52640 nodes)):
+    single-device: all-on-virtual:0 9.3 us (chosen) | all-on-virtual:0/streamed 9.3 us | all-on-cpu 45.5 us
+    knapsack: all-on-virtual:0/knapsack 9.3 us | all-on-virtual:0/knapsack/window-9KiB 9.3 us
+  lower bound 9.0 us (busiest resource's work); predicted / bound 1.04x; busy: virtual:0 97%, cpu->virtual:0 6%, virtual:0->cpu 0%
   segment   device     compiler  nodes  FLOPs       params resident  streamed  copied in  measured
   submod_1  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>
   submod_2  virtual:0  eager     3      8.19 kFLOP  4.00 KiB         128 B     0 B        <time>
   submod_3  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  0 B        <time>
   streamed parameters (3, prefetched one segment ahead, evicted after last use): 0.weight, 2.bias, 4.weight
-  predicted time: 11.1 us, measured (last call): <time>
+  predicted time: 9.3 us, measured (last call): <time>
 
-Predicted time per forward: 11.1 us""",
+Predicted time per forward: 9.3 us""",
         )
 
     def test_schedule_code(self) -> None:

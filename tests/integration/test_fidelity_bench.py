@@ -14,10 +14,8 @@ from bench import fidelity
 
 @pytest.mark.slow
 def test_fidelity_bench_compares_every_case(tmp_path: Path) -> None:
-    fidelity.main(
-        ["--quick", "--repeats", "1", "--rounds", "2", "--profile", "start", "--no-drop"]
-        + ["--results", str(tmp_path)]
-    )
+    quick = ["--quick", "--repeats", "1", "--rounds", "2", "--profile", "start", "--no-drop"]
+    fidelity.main([*quick, "--results", str(tmp_path)])
     data = json.loads((tmp_path / "fidelity.json").read_text())
     cases = data["cases"]
     assert {"host/mlp_512x8", "disk/ram_offload_quick", "virtual/llama"} <= set(cases)

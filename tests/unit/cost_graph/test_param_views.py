@@ -35,6 +35,8 @@ def test_a_view_of_a_parameter_runs_with_its_one_reader_and_costs_nothing() -> N
         assert reader != v and cost.nodes[reader].target.startswith("addmm")
         assert cost.nodes[v].out_bytes == 0 and cost.nodes[v].bytes_accessed == 0
         assert reader in weight.users and v not in weight.users
+        # its op is called where its reader runs: the reader's, costed on its device
+        assert (cost.nodes[v].ops, cost.nodes[reader].ops) == (0, 2)
     # every other node runs where the plan puts it
     assert all(cost.runs_with[i] == i for i in range(len(cost.nodes)) if i not in views)
     # the form saved to a file keeps it

@@ -85,7 +85,7 @@ def test_the_device_table_lists_every_planned_device_with_its_budget() -> None:
     graph = _graph(budgets={"virtual:0": "10KiB", "cpu": "1GiB"}, virtual_devices=VIRTUAL)
     lines = explain_devices([graph])
     assert lines[0] == "Devices" and lines[1].split()[0] == "device"
-    rows = [ln.split() for ln in lines[2:] if not ln.startswith("  host RSS")]
+    rows = [ln.split() for ln in lines[2:] if not ln.startswith(("  host RSS", "  ops:"))]
     assert [r[0] for r in rows] == [d.name for d in graph.plan.devices] == ["cpu", "virtual:0"]
     by_name = {r[0]: r for r in rows}
     assert by_name["virtual:0"][1] == "virtual"
@@ -96,6 +96,17 @@ def test_the_device_table_lists_every_planned_device_with_its_budget() -> None:
 
 def test_the_device_table_of_a_host_only_plan_has_only_the_host() -> None:
     graph = _graph(16, 2, devices=["cpu"])
-    rows = [ln.split() for ln in explain_devices([graph])[2:] if not ln.startswith("  host RSS")]
+    lines = explain_devices([graph])[2:]
+    rows = [ln.split() for ln in lines if not ln.startswith(("  host RSS", "  ops:"))]
     assert [d.name for d in graph.plan.devices] == ["cpu"]
     assert [r[0] for r in rows] == ["cpu"]
+
+
+def test_the_ops_line_counts_the_ops_and_names_each_devices_cost_per_op() -> None:
+    graph = _graph(budgets={"virtual:0": "10KiB", "cpu": "1GiB"}, virtual_devices=VIRTUAL)
+    (line,) = [ln for ln in explain_devices([graph]) if ln.startswith("  ops:")]
+    nodes = graph.plan.cost.nodes
+    # three layers: a view of the weight, an addmm and a relu each; no op for the input
+    assert sum(n.op_count for n in nodes) == 3 * 3
+    assert line.startswith("  ops: 9 (each graph once; 3 views or other ops moving no bytes)")
+    assert "a fixed cpu " in line and "virtual:0 1.0 us beyond" in line
