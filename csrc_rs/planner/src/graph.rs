@@ -172,6 +172,30 @@ fn build_csr(rows: usize, pairs: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
 }
 
 impl CostGraph {
+    /// [`PlanError::InvalidGraph`] unless `len`, the length of the per-node
+    /// array `what`, is the node count.
+    fn check_per_node(&self, what: &str, len: usize) -> Result<(), PlanError> {
+        if len == self.num_nodes() {
+            return Ok(());
+        }
+        Err(invalid(format!(
+            "{what} has {len} entries but node_flops has {}",
+            self.num_nodes()
+        )))
+    }
+
+    /// [`PlanError::InvalidGraph`] unless `len`, the length of the per-parameter
+    /// array `what`, is the parameter count.
+    fn check_per_param(&self, what: &str, len: usize) -> Result<(), PlanError> {
+        if len == self.num_params() {
+            return Ok(());
+        }
+        Err(invalid(format!(
+            "{what} has {len} entries but param_bytes has {}",
+            self.num_params()
+        )))
+    }
+
     /// Builds and validates a cost graph.
     ///
     /// * `node_flops`, `node_out_bytes`, `node_host_only`: one entry per node.
@@ -336,13 +360,7 @@ impl CostGraph {
     /// # Errors
     /// [`PlanError::InvalidGraph`] when the length is not the node count.
     pub fn with_node_bytes_accessed(mut self, bytes: Vec<u64>) -> Result<Self, PlanError> {
-        if bytes.len() != self.num_nodes() {
-            return Err(invalid(format!(
-                "node_bytes_accessed has {} entries but node_flops has {}",
-                bytes.len(),
-                self.num_nodes()
-            )));
-        }
+        self.check_per_node("node_bytes_accessed", bytes.len())?;
         self.node_bytes_accessed = bytes;
         Ok(self)
     }
@@ -354,13 +372,7 @@ impl CostGraph {
     /// # Errors
     /// [`PlanError::InvalidGraph`] when the length is not the node count.
     pub fn with_node_rate_class(mut self, classes: Vec<u32>) -> Result<Self, PlanError> {
-        if classes.len() != self.num_nodes() {
-            return Err(invalid(format!(
-                "node_rate_class has {} entries but node_flops has {}",
-                classes.len(),
-                self.num_nodes()
-            )));
-        }
+        self.check_per_node("node_rate_class", classes.len())?;
         self.node_rate_class = classes;
         Ok(self)
     }
@@ -374,13 +386,7 @@ impl CostGraph {
     /// # Errors
     /// [`PlanError::InvalidGraph`] when the length is not the node count.
     pub fn with_node_ops(mut self, ops: Vec<u32>) -> Result<Self, PlanError> {
-        if ops.len() != self.num_nodes() {
-            return Err(invalid(format!(
-                "node_ops has {} entries but node_flops has {}",
-                ops.len(),
-                self.num_nodes()
-            )));
-        }
+        self.check_per_node("node_ops", ops.len())?;
         self.node_ops = Some(ops);
         Ok(self)
     }
@@ -391,13 +397,7 @@ impl CostGraph {
     /// # Errors
     /// [`PlanError::InvalidGraph`] when the length is not the parameter count.
     pub fn with_param_home(mut self, home: Vec<Tier>) -> Result<Self, PlanError> {
-        if home.len() != self.num_params() {
-            return Err(invalid(format!(
-                "param_home has {} entries but param_bytes has {}",
-                home.len(),
-                self.num_params()
-            )));
-        }
+        self.check_per_param("param_home", home.len())?;
         self.param_home = home;
         Ok(self)
     }
@@ -410,13 +410,7 @@ impl CostGraph {
     /// # Errors
     /// [`PlanError::InvalidGraph`] when the length is not the parameter count.
     pub fn with_disk_allowed(mut self, allowed: Vec<bool>) -> Result<Self, PlanError> {
-        if allowed.len() != self.num_params() {
-            return Err(invalid(format!(
-                "param_disk_allowed has {} entries but param_bytes has {}",
-                allowed.len(),
-                self.num_params()
-            )));
-        }
+        self.check_per_param("param_disk_allowed", allowed.len())?;
         self.param_disk_allowed = allowed;
         Ok(self)
     }
