@@ -90,6 +90,17 @@ pub struct CostGraph {
     is_output: Vec<bool>,
 }
 
+/// [`PlanError::InvalidGraph`] unless array `what` has `len` entries, as
+/// many as `counted` has (`count`).
+fn check_len(what: &str, len: usize, count: usize, counted: &str) -> Result<(), PlanError> {
+    if len == count {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{what} has {len} entries but {counted} has {count}"
+    )))
+}
+
 fn invalid(msg: impl Into<String>) -> PlanError {
     PlanError::InvalidGraph(msg.into())
 }
@@ -175,25 +186,13 @@ impl CostGraph {
     /// [`PlanError::InvalidGraph`] unless `len`, the length of the per-node
     /// array `what`, is the node count.
     fn check_per_node(&self, what: &str, len: usize) -> Result<(), PlanError> {
-        if len == self.num_nodes() {
-            return Ok(());
-        }
-        Err(invalid(format!(
-            "{what} has {len} entries but node_flops has {}",
-            self.num_nodes()
-        )))
+        check_len(what, len, self.num_nodes(), "node_flops")
     }
 
     /// [`PlanError::InvalidGraph`] unless `len`, the length of the per-parameter
     /// array `what`, is the parameter count.
     fn check_per_param(&self, what: &str, len: usize) -> Result<(), PlanError> {
-        if len == self.num_params() {
-            return Ok(());
-        }
-        Err(invalid(format!(
-            "{what} has {len} entries but param_bytes has {}",
-            self.num_params()
-        )))
+        check_len(what, len, self.num_params(), "param_bytes")
     }
 
     /// Builds and validates a cost graph.
