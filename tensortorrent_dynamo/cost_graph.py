@@ -64,8 +64,10 @@ class CostNode:
             rate; the planner costs it at the rate measured at that many rows.
         ops: the ops the node calls, each paying its device's fixed cost per op: 0 for a
             graph input or an item taken from a tuple (``getitem``), 1 for an op, a view
-            included (it moves no bytes but is still dispatched). ``None`` (a cost graph
-            saved before ops were counted): 1 for a node that computes or moves bytes.
+            included (it moves no bytes but is still dispatched); a view of parameters
+            taken where its reader runs (``CostGraph.runs_with``) counts with its reader.
+            ``None`` (a cost graph saved before ops were counted): 1 for a node that
+            computes or moves bytes.
     """
 
     name: str
