@@ -28,8 +28,8 @@ the same fingerprint on another day runs at other rates; and on a shared virtual
 the rates drift within minutes (an MLP of wide layers at batch 4 took 30-55 ms a call in
 eager over ten minutes of one session), so a profile measured a minute before a case
 measures another machine. The error is then the simulator's, given the figures of the
-moment. ``--profile start`` measures one at the start; ``--profile cached`` plans with the
-cached one.
+moment. ``--profile start`` measures one at the start of each round; ``--profile cached``
+plans with the cached one.
 
     python -m bench.fidelity [--repeats 5] [--rounds 3] [--quick] [--no-drop]
                              [--profile case|start|cached]
@@ -202,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--profile",
         choices=("case", "start", "cached"),
         default="case",
-        help="measure a short host profile before each case (default), once at the start, "
-        "or plan with the cached one",
+        help="measure a short host profile before each case (default), once at the start of "
+        "each round, or plan with the cached one",
     )
     parser.add_argument("--quick", action="store_true", help="smaller inputs, fewer cases")
     parser.add_argument("--no-drop", action="store_true", help="keep the page cache")
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "page_cache": "kept (--no-drop)" if args.no_drop else "dropped before disk cases' calls",
         "profile": {
             "cached": "the cached host profile",
-            "start": "a short host profile measured at the start of the run",
+            "start": "a short host profile measured at the start of each round",
             "case": "a short host profile measured just before each case (its figures in "
             "the case's `profile`)",
         }[args.profile],

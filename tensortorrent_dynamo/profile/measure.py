@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import torch
-import torch.fx
 
 from ..errors import OffloadError
 from ..io.locations import TensorLocation
