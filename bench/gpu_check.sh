@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The prepared GPU check (shared BENCHMARKS.md): one script, minutes not hours, all output
-# kept in ${OUT:-bench/results}/gpu_check.log. What it covers today: the machine report,
-# the measured profile, the CUDA runtime path (weights resident on cuda:0, streamed from
-# pinned host memory, and streamed from disk through pinned buffers, checked against eager;
-# an activation spilled to pinned host memory and back), the CPU benches for reference, and
-# hf_offload with the budget on
-# cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent; its JSON is hf_offload_cuda.json),
-# and generate --quick the same way (a 35M-parameter Qwen3 generating 8 tokens, the budget on
-# cuda:0 half its weights; generate_cuda.json).
+# kept in ${OUT:-bench/results}/gpu_check.log. What it covers today:
+# - the machine report and the measured profile;
+# - the CUDA runtime path: weights resident on cuda:0, streamed from pinned host memory, and
+#   streamed from disk through pinned buffers, checked against eager; an activation spilled
+#   to pinned host memory and back;
+# - CUDA segments compiled by Inductor (an MLP resident and streamed, timed against GPU
+#   eager), and four corpus models on cuda:0 at no budget and at a third of their weights
+#   (eager; two cases with Inductor), checked against eager;
+# - the CPU benches for reference;
+# - hf_offload with the budget on cuda:0 (GPU eager, CPU eager, Accelerate, TensorTorrent;
+#   hf_offload_cuda.json), and generate --quick the same way (a 35M-parameter Qwen3
+#   generating 8 tokens, the budget on cuda:0 half its weights; generate_cuda.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results}"
@@ -62,6 +66,71 @@ with torch.no_grad():
 print(compiled.explain())
 print(f"spill: chose {graph.plan.native.chosen}, spilled {graph.plan.spilled_nodes()}; outputs "
       f"match eager; cuda:0 peak allocated {torch.cuda.max_memory_allocated(0)} bytes")
+PY
+  # CUDA segments through Inductor, and third-party models on cuda:0 (their graphs make
+  # tensors of their own, traced on the host): each case prints its result and goes on
+  python3 - <<'PY'
+import copy, os, time, traceback
+os.environ["HF_HUB_OFFLINE"] = "1"  # corpus models are built from configs
+import torch
+import tensortorrent as tt
+from tests.models import mlp
+from tests.integration.corpus.harness import assert_same, param_bytes
+from tests.integration.corpus.models import BY_NAME
+
+def timed(fn, x, runs=10):
+    with torch.no_grad():
+        fn(x); torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(runs):
+            fn(x)
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / runs
+
+x = torch.randn(64, 2048)
+size = sum(p.numel() * p.element_size() for p in mlp(2048, 8).parameters())
+for case, fraction in (("resident", 4.0), ("streamed", 0.5)):
+    try:
+        torch._dynamo.reset()
+        model = mlp(2048, 8)
+        with torch.no_grad():
+            expected = model(x)
+        compiled = tt.compile(model, example_inputs=(x,), budgets={"cuda:0": int(size * fraction)},
+                              devices=["cuda:0"], compiler="inductor")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), expected, rtol=1e-3, atol=1e-3)
+        (graph,) = compiled.graphs
+        print(f"inductor {case}: outputs match eager; compilers {graph.compilers}; "
+              f"{graph.compiler_note}")
+        gpu = copy.deepcopy(model).to("cuda:0")
+        xg = x.to("cuda:0")
+        print(f"inductor {case}: {timed(compiled, x) * 1e3:.3f} ms a call (input on the host); "
+              f"GPU eager {timed(gpu, xg) * 1e3:.3f} ms (input on the GPU)")
+    except Exception:
+        print(f"inductor {case}: FAILED"); traceback.print_exc()
+
+# Inductor compiles take tens of seconds each: two cases with it, the rest eager
+cases = [(n, b, "eager") for n in ("llama", "gpt2", "t5", "unet2d") for b in ("none", "third")]
+cases += [("llama", "third", "inductor"), ("gpt2", "none", "inductor")]
+for name, budget, compiler in cases:
+    try:
+        torch._dynamo.reset()
+        entry = BY_NAME[name]
+        model = entry.build()
+        reference = copy.deepcopy(model)
+        budgets = {} if budget == "none" else {"cuda:0": param_bytes(model) // 3}
+        compiled = tt.compile(model, devices=["cuda:0"], budgets=budgets,
+                              compiler=compiler)
+        with torch.no_grad():
+            for i in range(2):
+                assert_same(compiled(**entry.inputs(i)), reference(**entry.inputs(i)),
+                            f"call {i}")
+        used = [c for g in compiled.graphs for c in g.compilers.values()]
+        print(f"corpus {name} budget={budget} compiler={compiler}: matches eager; "
+              f"{len(compiled.graphs)} graphs, segments {used}")
+    except Exception:
+        print(f"corpus {name} budget={budget} compiler={compiler}: FAILED")
+        traceback.print_exc()
 PY
   python3 -m bench.planner
   python3 -m bench.fit --quick

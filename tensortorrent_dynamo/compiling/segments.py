@@ -22,7 +22,7 @@ from ..passes.rewrite import Rewritten
 from ..run import ops
 from ..run.copies import landing
 from ..run.ops import Segment
-from ..run.runtime import Runtime
+from ..run.runtime import Runtime, torch_device
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,20 +32,26 @@ log = logging.getLogger(__name__)
 _COPIES = (ops.transfer, ops.wait, ops.resident)
 
 
-def _fake_inputs(parent: torch.fx.GraphModule, name: str) -> list[Any]:
+def fake_inputs(parent: torch.fx.GraphModule, name: str, device: torch.device) -> list[Any]:
     """The example inputs segment ``name`` is compiled for: each as the segment receives
-    it, so with the layout of :func:`landing` where the value is a copy (a transfer,
-    a prefetched or resident parameter, a reload), not the layout it was traced with."""
+    it, on ``device`` (where it runs), with the layout of :func:`landing` where the value
+    is a copy (a transfer, a prefetched or resident parameter, a reload), else the layout
+    it was traced with."""
     sub = getattr(parent, name)
     call = next(n for n in parent.graph.nodes if n.op == "call_module" and n.target == name)
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     fakes = []
     for placeholder, arg in zip(placeholders, call.args, strict=True):
         fake = placeholder.meta.get("example_value")
-        copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
-        if copied and arg.target in _COPIES and isinstance(fake, torch.Tensor):
+        if isinstance(fake, torch.Tensor):
+            copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
             with fake.fake_mode:  # type: ignore[attr-defined]
-                fake = landing(fake, device=fake.device)
+                if copied and arg.target in _COPIES:
+                    fake = landing(fake, device=device)
+                elif fake.device != device:  # made by an earlier segment on ``device``
+                    fake = torch.empty_strided(
+                        fake.size(), fake.stride(), dtype=fake.dtype, device=device
+                    )
         fakes.append(fake)
     return fakes
 
@@ -117,8 +123,9 @@ def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings)
         sub = getattr(parent, name)
         virtual = runtime.virtual.get(device)
         fn: Callable[..., Any] | None = None
-        if virtual is None and settings.compiler == "inductor" and device == "cpu":
-            fn = _inductor(sub, _fake_inputs(parent, name), name, settings.strict)
+        if virtual is None and settings.compiler == "inductor":
+            fakes = fake_inputs(parent, name, torch_device(device))
+            fn = _inductor(sub, fakes, name, settings.strict)
         used[name] = "inductor" if fn is not None else "eager"
         log.debug("segment %s on %s: %s", name, device, used[name])
         segment = Segment(fn or sub, name, device, virtual, used[name], runtime.recorder)
@@ -161,12 +168,17 @@ def keep_faster(
     # Parameters are not copied (that would double the weights in memory).
     inputs = [a if isinstance(a, torch.nn.Parameter) else copy_of(a) for a in example_inputs]
 
+    # a CUDA segment returns before its kernels finish: the time is taken once they have
+    cuda = sorted({s.device for s in inductor if torch_device(s.device).type == "cuda"})
+
     def timed(eager: bool) -> float:
         for segment in inductor:
             segment.use_eager = eager
         start = time.perf_counter()
         with torch.no_grad():
             parent(*inputs)
+        for device in cuda:
+            torch.cuda.synchronize(device)
         return time.perf_counter() - start
 
     if timed(False) > RACE_LIMIT_S:

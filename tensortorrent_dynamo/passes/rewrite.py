@@ -8,6 +8,11 @@ each streamed parameter is prefetched when the segment the plan names starts) an
 their producing segment and their next use) and ``state`` (an input the graph writes in
 place, such as a KV cache buffer, held on the device the plan keeps it on; its new value
 goes back there, not to the host).
+
+A segment makes its own tensors (``arange``, ``full``, ``scalar_tensor``, a ``_to_copy``)
+on the device it runs on (:func:`make_on`): the graph was traced where the model's tensors
+were, so a position index or a mask fill value traced on the host would otherwise be made
+there, next to inputs on an accelerator.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from torch.fx.passes.split_module import split_module
 
 from ..plan.planner import GraphPlan
 from ..run import ops
-from ..run.runtime import Runtime
+from ..run.runtime import Runtime, torch_device
 from .logged import dump
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,8 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
         n for n in graph.nodes if n.op == "call_module" and n.target.startswith("submod_")
     ]
     segments = {str(n.target): plan.segment_device(_segment_of(str(n.target))) for n in calls}
+    for name, device in segments.items():
+        make_on(getattr(parent, name), torch_device(device))
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(placeholders[-1] if placeholders else None):
@@ -154,6 +161,29 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
     parent.recompile()
     dump("rewrite", "after", parent)
     return Rewritten(module=parent, segments=segments)
+
+
+def make_on(sub: torch.fx.GraphModule, device: torch.device) -> None:
+    """Point every ``device`` argument of ``sub``'s ops at ``device``, where ``sub`` runs
+    (and drop ``pin_memory`` off the host, where it does not apply)."""
+    changed = False
+    for node in sub.graph.nodes:
+        values = (*node.args, *node.kwargs.values())
+        if node.op != "call_function" or not any(_other_device(v, device) for v in values):
+            continue
+        node.args = tuple(device if _other_device(a, device) else a for a in node.args)
+        kwargs = {k: device if _other_device(v, device) else v for k, v in node.kwargs.items()}
+        if device.type != "cpu" and kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        node.kwargs = kwargs
+        log.debug("%s makes its tensor on %s, where its segment runs", node.name, device)
+        changed = True
+    if changed:
+        sub.recompile()
+
+
+def _other_device(value: Any, device: torch.device) -> bool:
+    return isinstance(value, torch.device) and value != device
 
 
 def _param_on_device(

@@ -27,6 +27,12 @@ from .residents import DiskTier, ResidentCopies
 from .virtual import VirtualDevice, VirtualEngine
 
 
+def torch_device(device: str) -> torch.device:
+    """The torch device the tensors of a planned device (``cpu``, ``cuda:N``,
+    ``virtual:N``) are on: a virtual accelerator's are host tensors."""
+    return torch.device("cpu" if device.startswith("virtual:") else device)
+
+
 class Runtime(torch.nn.Module):
     """Devices, resident copies and the copy engines one rewritten graph runs with."""
 

@@ -8,7 +8,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tensortorrent_dynamo.compiling.segments import _fake_inputs
+from tensortorrent_dynamo.compiling.segments import fake_inputs
 from tensortorrent_dynamo.run.copies import landing
 from tensortorrent_dynamo.run.ops import transfer
 from tensortorrent_dynamo.run.runtime import Runtime
@@ -43,7 +43,9 @@ def test_every_copy_lands_in_the_layout_of_landing(kind: str) -> None:
         assert want == value.stride()
 
 
-def test_a_segment_is_compiled_for_the_layout_a_transfer_gives_it() -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_a_segment_is_compiled_for_the_layout_a_transfer_gives_it(device: str) -> None:
+    # cuda:0 needs no GPU: the inputs are fake tensors
     mode = FakeTensorMode()
     values = _values()
     with mode:
@@ -63,16 +65,20 @@ def test_a_segment_is_compiled_for_the_layout_a_transfer_gives_it() -> None:
     for name in fakes:
         x = parent_graph.placeholder(name)
         if name in ("slice", "transposed"):
-            x = parent_graph.call_function(transfer, (rt, x, "cpu"))
+            x = parent_graph.call_function(transfer, (rt, x, device))
         args.append(x)
     parent_graph.output(parent_graph.call_module("submod_0", tuple(args)))
     root = torch.nn.Module()
     root.submod_0 = sub
     parent = torch.fx.GraphModule(root, parent_graph)
 
-    got = dict(zip(fakes, _fake_inputs(parent, "submod_0"), strict=True))
+    got = dict(zip(fakes, fake_inputs(parent, "submod_0", torch.device(device)), strict=True))
+    assert all(g.device == torch.device(device) for g in got.values())
     assert got["slice"].stride() == landing(values["slice"]).stride()  # made contiguous
     assert got["slice"].stride() != values["slice"].stride()
     assert got["transposed"].stride() == values["transposed"].stride()  # dense: kept
-    assert got["expanded"] is fakes["expanded"]  # not a copy: as traced
-    assert got["contiguous"] is fakes["contiguous"]
+    # not copies: as traced (made on the segment's device by an earlier segment)
+    assert got["expanded"].stride() == values["expanded"].stride()
+    assert got["contiguous"].stride() == values["contiguous"].stride()
+    if device == "cpu":
+        assert got["expanded"] is fakes["expanded"]

@@ -79,3 +79,38 @@ def test_every_segment_runs_on_its_planned_device_and_outputs_come_back() -> Non
         assert value.target is ops.transfer and value.args[2] == "cpu"
     else:
         assert value.target in (operator.getitem,) or value.op == "call_module"
+
+
+class _MakesTensors(torch.nn.Module):
+    """Makes tensors of its own, as a decoder does (positions, a mask's fill values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[-1], dtype=x.dtype)
+        masked = torch.where(x > 0, x, float("-inf")).clamp(min=-1.0)
+        return self.proj(x + positions) + masked + torch.zeros(8)
+
+
+def test_a_segment_on_cuda_makes_its_tensors_there() -> None:
+    # no GPU needed: each CUDA segment runs on fake tensors, which check devices
+    from tests.fake_cuda import CUDA, cuda_segments, plan_on_cuda, run_on_fake_cuda
+
+    model, x = _MakesTensors(), torch.randn(4, 8)
+    ((gm, inputs),) = capture(model, x)
+    made = [n for n in gm.graph.nodes if isinstance(n.kwargs.get("device"), torch.device)]
+    assert made, "the traced graph makes tensors on the host"
+    rewritten = plan_on_cuda(0, gm, inputs)
+    on_cuda = cuda_segments(rewritten)
+    assert on_cuda, f"nothing planned on {CUDA}: {rewritten.segments}"
+    for name in on_cuda:
+        sub = getattr(rewritten.module, name)
+        devices = {
+            v for n in sub.graph.nodes for v in n.kwargs.values() if isinstance(v, torch.device)
+        }
+        assert devices <= {torch.device(CUDA)}, f"{name} makes tensors on {devices}"
+        for out in run_on_fake_cuda(rewritten, name):
+            if isinstance(out, torch.Tensor):
+                assert out.device == torch.device(CUDA)
