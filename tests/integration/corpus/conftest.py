@@ -41,6 +41,8 @@ def _case_key(nodeid: str) -> str:
         return f"forward budget={parts[-1]}"
     if test == "test_entry_segments_run_on_cuda":
         return f"cuda placement budget={parts[-1]}"
+    if test == "test_generate_segments_run_on_cuda":
+        return f"cuda placement of generate budget={parts[-1]} cache={parts[1]}"
     return f"generate budget={parts[-1]} cache={parts[1]}"
 
 
