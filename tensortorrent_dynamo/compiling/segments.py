@@ -1,4 +1,5 @@
-"""Compile each segment's subgraph for its device: Inductor where it can run, else eager.
+"""Compile each segment's subgraph for its device: Inductor where it can run, else eager
+(each ATen op called straight through the dispatcher: :mod:`.direct`).
 
 Inductor is not always faster than eager (a few large matmuls gain nothing from fusion
 and can lose to its layout choices), so when a graph is cheap to run, both versions are
@@ -24,6 +25,7 @@ from ..run.copies import landing
 from ..run.ops import Segment
 from ..run.runtime import Runtime, torch_device
 from ..settings import Settings
+from .direct import direct_calls
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +130,9 @@ def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings)
             fn = _inductor(sub, fakes, name, settings.strict)
         used[name] = "inductor" if fn is not None else "eager"
         log.debug("segment %s on %s: %s", name, device, used[name])
-        segment = Segment(fn or sub, name, device, virtual, used[name], runtime.recorder)
-        segment.eager_fn = sub
+        eager = direct_calls(sub)
+        segment = Segment(fn or eager, name, device, virtual, used[name], runtime.recorder)
+        segment.eager_fn = eager
         setattr(parent, name, segment)
     return used
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..io.files import write_text
 from .disk import writable_problem
 from .measure import BUDGETS, SHORT_NOTE, dtype_name
-from .schema import COMPUTE_SLOWDOWN_NOTE, Fingerprint, Measurements
+from .schema import COMPUTE_SLOWDOWN_NOTE, METHODS_REVISION, Fingerprint, Measurements
 
 CACHE_DIR_ENV = "TENSORTORRENT_CACHE_DIR"
 _PREFIX = "host-profile-"
@@ -95,6 +95,12 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
         diffs = "; ".join(fingerprint.differences(measurements.fingerprint))
         problem = f"the cached profile {path} was measured on other hardware ({diffs})"
         return CacheLookup(path, None, problem, suspicious=True)
+    if measurements.mode == "short" and measurements.revision < METHODS_REVISION:
+        problem = (
+            f"the cached profile {path} was measured by older methods (revision "
+            f"{measurements.revision}, now {METHODS_REVISION})"
+        )
+        return CacheLookup(path, None, problem)
     missing = _missing_dtypes(measurements)
     if missing:
         problem = (

@@ -17,6 +17,10 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
+METHODS_REVISION = 2
+"""Revision of how the figures are measured, raised when a method changes what it measures
+(2: the op latency is timed on direct calls, as eager segments make them): a cached short
+profile of an older revision is measured again. A file without one is revision 1."""
 
 Mode = Literal["nominal", "short", "quick", "full"]
 """How much was measured: nothing (built-in rates), the planner's minimum, or a report."""
@@ -300,6 +304,8 @@ class Measurements:
     devices: tuple[DeviceFigures, ...]
     links: tuple[LinkFigure, ...]
     disk: DiskFigures
+    revision: int = METHODS_REVISION
+    """The :data:`METHODS_REVISION` the figures were measured by."""
 
     def device(self, name: str) -> DeviceFigures | None:
         return next((d for d in self.devices if d.name == name), None)
@@ -313,6 +319,7 @@ class Measurements:
         created = datetime.datetime.fromtimestamp(self.created_at, tz=datetime.timezone.utc)
         return {
             "format_version": FORMAT_VERSION,
+            "methods_revision": self.revision,
             "mode": self.mode,
             "created_at": created.isoformat(),
             "duration": self.duration.to_dict(),
@@ -358,6 +365,9 @@ class Measurements:
                 for i, lk in enumerate(_get(data, "links", list, "profile"))
             ),
             disk=DiskFigures.from_dict(data.get("disk"), "profile.disk"),
+            revision=_get(data, "methods_revision", int, "profile")
+            if "methods_revision" in data
+            else 1,
         )
 
     @classmethod

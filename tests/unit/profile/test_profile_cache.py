@@ -13,7 +13,7 @@ import pytest
 
 from tensortorrent_dynamo.profile import NOMINAL_CPU_FLOPS, cache, measure, resolve
 from tensortorrent_dynamo.profile.detect import current_fingerprint, detect_cuda_devices
-from tensortorrent_dynamo.profile.schema import Figure, Fingerprint, Measurements
+from tensortorrent_dynamo.profile.schema import METHODS_REVISION, Figure, Fingerprint, Measurements
 from tensortorrent_dynamo.settings import parse_options
 
 AUTO = parse_options({"profile": "auto"})
@@ -264,3 +264,23 @@ def test_virtual_devices_follow_host_and_cuda_in_index_order(measure_calls: list
     cuda = detect_cuda_devices()
     assert names == ["cpu", *cuda, "virtual:2", "virtual:10"]
     assert resolve.host_profile(settings).device("virtual:2").memory_bytes == 2 * 1024**2
+
+
+def test_a_short_profile_measured_by_older_methods_is_measured_again(
+    measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    def older(old: dict[str, Any]) -> None:
+        assert old["methods_revision"] == METHODS_REVISION
+        del old["methods_revision"]  # as a profile of revision 1 was written
+
+    _rewrite_cached(older)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        profile = resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+    assert profile.source == "measured now"
+    assert f"older methods (revision 1, now {METHODS_REVISION})" in caplog.text
+    # the profile measured again is of this revision, and is read from the cache from now on
+    assert profile.measurements is not None
+    assert profile.measurements.revision == METHODS_REVISION
+    assert resolve.host_profile(AUTO).source.startswith("measured (cached")
+    assert measure_calls == ["short", "short"]
