@@ -83,6 +83,10 @@ def image_inputs(seed: int, size: int = 32) -> Inputs:
     return {"pixel_values": torch.randn(2, 3, size, size, generator=_generator(seed))}
 
 
+def audio_inputs(seed: int) -> Inputs:
+    return {"input_values": torch.randn(2, 1600 + 320 * seed, generator=_generator(seed))}
+
+
 def _seeded(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         torch.manual_seed(SEED)
@@ -139,6 +143,30 @@ def _whisper_inputs(seed: int) -> Inputs:
         "input_features": torch.randn(2, 16, 32, generator=g),
         "decoder_input_ids": torch.randint(3, VOCAB, (2, 4 + seed), generator=g),
         "use_cache": False,
+    }
+
+
+def _diffusers(class_name: str, **config: Any) -> Callable[[], nn.Module]:
+    def make() -> nn.Module:
+        import diffusers
+
+        model: nn.Module = getattr(diffusers, class_name)(**config)
+        return model
+
+    return _seeded(make)
+
+
+def _vae_inputs(seed: int) -> Inputs:
+    return {"sample": torch.randn(2, 3, 16, 16, generator=_generator(seed))}
+
+
+def _mmdit_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    return {
+        "hidden_states": torch.randn(2, 4, 8, 8, generator=g),
+        "timestep": torch.tensor([10 + 7 * seed, 500]),
+        "encoder_hidden_states": torch.randn(2, 6 + seed, 32, generator=g),
+        "pooled_projections": torch.randn(2, 32, generator=g),
     }
 
 
@@ -361,6 +389,98 @@ ENTRIES: list[Entry] = [
         ),
         decoder_inputs,
     ),
+    Entry(
+        "gemma3",
+        "gemma3_text",
+        "sliding/global layers with a rotary base each, q/k RMSNorm, scaled embeddings",
+        _causal_lm(
+            "Gemma3TextConfig", **LM, head_dim=16, sliding_window=4, query_pre_attn_scalar=16
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "cohere",
+        "cohere",
+        "LayerNorm without bias, parallel attention + MLP, interleaved rotary, logit scale",
+        _causal_lm("CohereConfig", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "olmo2",
+        "olmo2",
+        "norms after attention and MLP (not before), q/k RMSNorm over the projections",
+        _causal_lm("Olmo2Config", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "starcoder2",
+        "starcoder2",
+        "biased projections, LayerNorm, an ungated GELU MLP",
+        _causal_lm("Starcoder2Config", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "phi3",
+        "phi3",
+        "fused qkv and fused gate/up projections (split in the graph)",
+        _causal_lm("Phi3Config", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "stablelm",
+        "stablelm",
+        "partial rotary embeddings (the default factor 0.25), LayerNorm",
+        _causal_lm("StableLmConfig", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "granite",
+        "granite",
+        "embedding, residual, attention and logit multipliers",
+        _causal_lm("GraniteConfig", **LM),
+        decoder_inputs,
+    ),
+    Entry(
+        "deepseek_v3",
+        "deepseek_v3",
+        "multi-head latent attention (low-rank q and kv, split rotary/plain head dims), "
+        "routed experts with a shared one after a dense first layer",
+        _causal_lm(
+            "DeepseekV3Config",
+            # latent attention has a key per query head: as many KV heads as heads
+            **(LM | {"num_key_value_heads": 4}),
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "mamba",
+        "mamba",
+        "selective state-space layers (the sequential scan), causal depthwise conv; no attention",
+        _causal_lm(
+            "MambaConfig",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            # 12 layers: at 4, a third of the weights is less than what one layer's scan
+            # keeps alive (the plan is rightly infeasible)
+            num_hidden_layers=12,
+            state_size=8,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        decoder_inputs,
+    ),
     # --- encoder-decoders
     Entry(
         "t5",
@@ -475,6 +595,62 @@ ENTRIES: list[Entry] = [
         ),
         encoder_inputs,
     ),
+    Entry(
+        "deberta_v2",
+        "deberta-v2",
+        "disentangled attention over relative positions (c2p, p2c), log position buckets",
+        _auto(
+            "AutoModel",
+            "DebertaV2Config",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            relative_attention=True,
+            position_buckets=16,
+            pos_att_type=["p2c", "c2p"],
+        ),
+        encoder_inputs,
+    ),
+    Entry(
+        "electra",
+        "electra",
+        "embeddings narrower than the hidden size, projected up",
+        _auto(
+            "AutoModel",
+            "ElectraConfig",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            embedding_size=32,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+        ),
+        encoder_inputs,
+    ),
+    # --- audio
+    Entry(
+        "wav2vec2",
+        "wav2vec2",
+        "conv feature encoder over raw audio, grouped-conv positional embedding",
+        _auto(
+            "AutoModel",
+            "Wav2Vec2Config",
+            hidden_size=64,
+            num_hidden_layers=8,  # at 4, a third is less than the conv front end needs
+            num_attention_heads=4,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_stride=(5, 4),
+            conv_kernel=(10, 4),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+        ),
+        audio_inputs,
+    ),
     # --- vision
     Entry(
         "vit",
@@ -528,6 +704,38 @@ ENTRIES: list[Entry] = [
         image_inputs,
         quick=True,
     ),
+    Entry(
+        "swin",
+        "swin",
+        "shifted-window attention with relative position bias, patch merging",
+        _auto(
+            "AutoModel",
+            "SwinConfig",
+            image_size=32,
+            patch_size=4,
+            embed_dim=32,
+            depths=[2, 6],  # with [2, 2], a third is less than the largest stage needs
+            num_heads=[2, 4],
+            window_size=4,
+        ),
+        image_inputs,
+    ),
+    Entry(
+        "dinov2",
+        "dinov2",
+        "interpolated position embeddings, layer scale",
+        _auto(
+            "AutoModel",
+            "Dinov2Config",
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            intermediate_size=128,
+        ),
+        image_inputs,
+    ),
     # --- diffusers
     Entry(
         "unet2d",
@@ -542,6 +750,43 @@ ENTRIES: list[Entry] = [
         "conditional UNet: cross-attention transformer blocks over text states",
         _seeded(_unet2d_condition),
         _unet2d_condition_inputs,
+    ),
+    Entry(
+        "autoencoder_kl",
+        "diffusers.AutoencoderKL",
+        "VAE: encode to a latent distribution, decode its mode; mid-block attention",
+        _diffusers(
+            "AutoencoderKL",
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(32, 64),
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            latent_channels=4,
+            norm_num_groups=8,
+            layers_per_block=1,
+        ),
+        _vae_inputs,
+    ),
+    Entry(
+        "sd3_transformer",
+        "diffusers.SD3Transformer2DModel",
+        "MMDiT: joint text/image attention, adaptive norms on timestep and pooled text, patchify",
+        _diffusers(
+            "SD3Transformer2DModel",
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            num_layers=4,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            joint_attention_dim=32,
+            caption_projection_dim=32,
+            pooled_projection_dim=32,
+            out_channels=4,
+            pos_embed_max_size=16,
+        ),
+        _mmdit_inputs,
     ),
 ]
 
