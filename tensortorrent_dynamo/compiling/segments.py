@@ -45,15 +45,16 @@ def fake_inputs(parent: torch.fx.GraphModule, name: str, device: torch.device) -
     fakes = []
     for placeholder, arg in zip(placeholders, call.args, strict=True):
         fake = placeholder.meta.get("example_value")
-        if isinstance(fake, torch.Tensor):
-            copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
+        copied = isinstance(arg, torch.fx.Node) and arg.op == "call_function"
+        if isinstance(fake, torch.Tensor) and copied and arg.target in _COPIES:
             with fake.fake_mode:  # type: ignore[attr-defined]
-                if copied and arg.target in _COPIES:
-                    fake = landing(fake, device=device)
-                elif fake.device != device:  # made by an earlier segment on ``device``
-                    fake = torch.empty_strided(
-                        fake.size(), fake.stride(), dtype=fake.dtype, device=device
-                    )
+                fake = landing(fake, device=device)
+        elif isinstance(fake, torch.Tensor) and fake.device != device:
+            # made by an earlier segment on ``device``, in the layout it was traced with
+            with fake.fake_mode:  # type: ignore[attr-defined]
+                fake = torch.empty_strided(
+                    fake.size(), fake.stride(), dtype=fake.dtype, device=device
+                )
         fakes.append(fake)
     return fakes
 

@@ -131,6 +131,22 @@ def _exception_types() -> dict[str, type[BaseException]]:
     }
 
 
+def entry_cases(entries: Any, budgets: Any, known_failures: bool = True) -> list[Any]:
+    """One ``pytest.param(entry, budget)`` per entry and budget, marked ``corpus`` (and
+    ``corpus_full`` outside the quick subset); with ``known_failures``, an entry's known
+    failure at a budget is its strict xfail."""
+    cases = []
+    for entry in entries:
+        for budget in budgets:
+            marks: list[Any] = [pytest.mark.corpus]
+            if not entry.quick:
+                marks.append(pytest.mark.corpus_full)
+            if known_failures and budget in entry.xfail:
+                marks.append(known_failure(entry.xfail[budget]))
+            cases.append(pytest.param(entry, budget, id=f"{entry.name}-{budget}", marks=marks))
+    return cases
+
+
 def known_failure(reason: str) -> pytest.MarkDecorator:
     """The strict xfail of a known failure; the reason's first word names the exception it
     must raise, so that a different failure is not taken for it."""

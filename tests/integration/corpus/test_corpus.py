@@ -5,7 +5,6 @@ module still gives eager's result and its tensors are unchanged."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
@@ -17,27 +16,14 @@ from .harness import (
     assert_tensors_equal,
     budget_bytes,
     check_plans,
-    known_failure,
+    entry_cases,
     options,
     peak,
 )
 from .models import BUDGETS, BY_NAME, ENTRIES, Entry
 
 
-def _cases() -> list[Any]:
-    cases = []
-    for entry in ENTRIES:
-        for budget in BUDGETS:
-            marks: list[Any] = [pytest.mark.corpus]
-            if not entry.quick:
-                marks.append(pytest.mark.corpus_full)
-            if budget in entry.xfail:
-                marks.append(known_failure(entry.xfail[budget]))
-            cases.append(pytest.param(entry, budget, id=f"{entry.name}-{budget}", marks=marks))
-    return cases
-
-
-@pytest.mark.parametrize(("entry", "budget"), _cases())
+@pytest.mark.parametrize(("entry", "budget"), entry_cases(ENTRIES, BUDGETS))
 def test_entry_matches_eager(entry: Entry, budget: str) -> None:
     model = entry.build()
     reference = copy.deepcopy(model)
