@@ -31,6 +31,7 @@ impl PyCostGraph {
         state = None,
         node_rate_class = None,
         node_ops = None,
+        node_alias = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -49,6 +50,7 @@ impl PyCostGraph {
         state: Option<Vec<(u32, u32, bool)>>,
         node_rate_class: Option<Vec<u32>>,
         node_ops: Option<Vec<u32>>,
+        node_alias: Option<Vec<Option<u32>>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -83,6 +85,10 @@ impl PyCostGraph {
             }
             if let Some(ops) = node_ops {
                 graph = graph.with_node_ops(ops)?;
+            }
+            if let Some(alias) = node_alias {
+                let alias = alias.into_iter().map(|a| a.unwrap_or(u32::MAX)).collect();
+                graph = graph.with_node_alias(alias)?;
             }
             Ok(graph)
         };

@@ -73,6 +73,9 @@ pub struct CostGraph {
     // per node: the ops it runs, each paying its device's fixed cost; `None`:
     // one for a node that computes or moves bytes, none otherwise
     node_ops: Option<Vec<u32>>,
+    // per node: the input whose storage its value shares (a view of it), or
+    // `u32::MAX` when it has storage of its own
+    node_alias: Vec<u32>,
     param_home: Vec<Tier>,
     param_disk_allowed: Vec<bool>,
     // per node: for a graph output that is the new value of a state input (a
@@ -339,6 +342,7 @@ impl CostGraph {
             node_bytes_accessed: vec![0; n],
             node_rate_class: vec![0; n],
             node_ops: None,
+            node_alias: vec![u32::MAX; n],
             param_home: vec![Tier::Host; p],
             param_disk_allowed: vec![false; p],
             output_state: vec![u32::MAX; n],
@@ -387,6 +391,28 @@ impl CostGraph {
     pub fn with_node_ops(mut self, ops: Vec<u32>) -> Result<Self, PlanError> {
         self.check_per_node("node_ops", ops.len())?;
         self.node_ops = Some(ops);
+        Ok(self)
+    }
+
+    /// Sets, per node, the input whose storage its value shares (a view of
+    /// it; `u32::MAX` for none, the default). Such a node allocates nothing on
+    /// its device, and the input's copy there lives as long as the view's
+    /// does (a view keeps its base's storage alive). A copy of the view to
+    /// another device is a new tensor of its own bytes.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the node count or a
+    /// node's alias is not one of its inputs.
+    pub fn with_node_alias(mut self, alias: Vec<u32>) -> Result<Self, PlanError> {
+        self.check_per_node("node_alias", alias.len())?;
+        for (v, &a) in alias.iter().enumerate() {
+            if a != u32::MAX && !self.inputs(v).contains(&a) {
+                return Err(invalid(format!(
+                    "node_alias[{v}] = {a} is not an input of node {v}"
+                )));
+            }
+        }
+        self.node_alias = alias;
         Ok(self)
     }
 
@@ -572,6 +598,20 @@ impl CostGraph {
     #[must_use]
     pub fn explicit_node_ops(&self) -> Option<&[u32]> {
         self.node_ops.as_deref()
+    }
+
+    /// The input whose storage node `v`'s value shares, if it is a view
+    /// (see `with_node_alias`).
+    #[must_use]
+    pub fn node_alias(&self, v: usize) -> Option<usize> {
+        let a = self.node_alias[v];
+        (a != u32::MAX).then_some(a as usize)
+    }
+
+    /// Per node, the input it is a view of (`u32::MAX`: none).
+    #[must_use]
+    pub fn node_alias_ids(&self) -> &[u32] {
+        &self.node_alias
     }
 
     /// Home tier of each parameter.

@@ -76,6 +76,19 @@ fn random_graph(rng: &mut Rng) -> CostGraph {
             .collect();
         g = g.with_param_home(homes).unwrap();
     }
+    if rng.chance(30) {
+        // some nodes are views of their first input
+        let alias = (0..g.num_nodes())
+            .map(|v| {
+                if v as u32 >= inputs && rng.chance(25) {
+                    g.inputs(v)[0]
+                } else {
+                    u32::MAX
+                }
+            })
+            .collect();
+        g = g.with_node_alias(alias).unwrap();
+    }
     g
 }
 

@@ -306,3 +306,37 @@ fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
     assert_close(long[0], 0.004);
     assert_close(long[1], 0.001 + 0.002);
 }
+
+/// A view owns no memory but keeps its base's storage alive: a small slice
+/// of a large value, read late, holds the whole value until then.
+#[test]
+fn a_view_keeps_its_base_alive_until_it_is_freed() {
+    // x (host) -> big (1 MB) -> slice (view of big, 1 kB); x -> other (1 MB);
+    // late (1 kB) reads other and slice -> output
+    let mut b = Builder::default();
+    let x = b.input(1000);
+    let big = b.node(1e6, 1_000_000, false, &[x]);
+    let slice = b.node(0.0, 1000, false, &[big]);
+    let other = b.node(1e6, 1_000_000, false, &[x]);
+    let late = b.node(1e6, 1000, false, &[other, slice]);
+    b.output(late);
+    let values = b.build();
+    let mut alias = vec![u32::MAX; values.num_nodes()];
+    alias[slice as usize] = big;
+    let views = values.clone().with_node_alias(alias).unwrap();
+    let devices = exact_devices();
+    let on_acc = [0, 1, 1, 1, 1];
+    let peak = |g: &CostGraph| simulate(g, &devices, &on_acc, &[], 1).unwrap().peak_bytes[1];
+    // x's copy is held to the end of the segment. As values: big is freed
+    // once the slice is made, before `other`; as a view, the slice owns
+    // nothing and holds big until `late` has read it
+    assert_eq!(peak(&values), 1000 + 1000 + 1_000_000 + 1000);
+    assert_eq!(peak(&views), 1000 + 2 * 1_000_000 + 1000);
+    // a view must be of one of its inputs
+    let mut wrong = vec![u32::MAX; values.num_nodes()];
+    wrong[late as usize] = big;
+    assert!(matches!(
+        values.with_node_alias(wrong),
+        Err(PlanError::InvalidGraph(_))
+    ));
+}

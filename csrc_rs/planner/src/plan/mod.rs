@@ -511,6 +511,10 @@ impl Planner {
             h.str("node_ops");
             h.u32s(ops);
         }
+        if g.node_alias_ids().iter().any(|&a| a != u32::MAX) {
+            h.str("node_alias");
+            h.u32s(g.node_alias_ids());
+        }
         if g.has_disk_params() {
             h.str("param_home");
             for t in g.param_home() {

@@ -140,40 +140,62 @@ impl<'a> Bounds<'a> {
 
         // Values, and the activations surely alive at each position: a value
         // made here from its node to its last consumer here, a value copied
-        // in from its first to its last consumer here.
-        let mut values = Vec::new();
+        // in from its first to its last consumer here. A view made here owns
+        // no bytes and keeps the copy here of what it views alive as long as
+        // itself (its consumers here, and to the end when copied out): walked
+        // backwards, so that a view's lifetime is known before its base's.
         let mut last_consumer = vec![u32::MAX; n];
-        let mut lo_diff = vec![0i128; m + 1];
-        for x in 0..n {
-            let (mut first_here, mut last_here) = (None, None);
+        let mut first_consumer = vec![u32::MAX; n];
+        let mut copied_out = vec![false; n];
+        let mut bytes_here = vec![0u64; n];
+        for x in (0..n).rev() {
             let mut elsewhere = false;
             for &c in g.consumers(x) {
                 match index[c as usize] {
                     u32::MAX => elsewhere = true,
                     i => {
-                        first_here.get_or_insert(i);
-                        last_here = Some(i);
+                        first_consumer[x] = first_consumer[x].min(i);
+                        last_consumer[x] = match last_consumer[x] {
+                            u32::MAX => i,
+                            l => l.max(i),
+                        };
                     }
                 }
             }
             let producer = index[x];
-            let sure = if producer == u32::MAX {
-                let (Some(first), Some(last)) = (first_here, last_here) else {
-                    continue;
+            copied_out[x] |= producer != u32::MAX && (elsewhere || g.is_output(x));
+            bytes_here[x] = out[x];
+            if let (Some(y), true) = (g.node_alias(x), producer != u32::MAX) {
+                bytes_here[x] = 0;
+                let held_to = match last_consumer[x] {
+                    u32::MAX => producer,
+                    l => l.max(producer),
                 };
-                (first, last)
-            } else {
-                (producer, last_here.unwrap_or(producer))
+                last_consumer[y] = match last_consumer[y] {
+                    u32::MAX => held_to,
+                    l => l.max(held_to),
+                };
+                copied_out[y] |= copied_out[x];
+            }
+        }
+        let mut values = Vec::new();
+        let mut lo_diff = vec![0i128; m + 1];
+        for x in 0..n {
+            let producer = index[x];
+            let sure = match (producer, last_consumer[x]) {
+                (u32::MAX, u32::MAX) => continue,
+                (u32::MAX, last) => (first_consumer[x], last),
+                (_, u32::MAX) => (producer, producer),
+                (_, last) => (producer, last),
             };
-            let bytes = out[x];
+            let bytes = bytes_here[x];
             lo_diff[sure.0 as usize] += i128::from(bytes);
             lo_diff[sure.1 as usize + 1] -= i128::from(bytes);
-            last_consumer[x] = last_here.unwrap_or(u32::MAX);
             values.push(Value {
                 bytes,
                 producer,
                 last_consumer: last_consumer[x],
-                copied_out: producer != u32::MAX && (elsewhere || g.is_output(x)),
+                copied_out: copied_out[x],
             });
         }
         let mut live = 0i128;
@@ -193,7 +215,7 @@ impl<'a> Bounds<'a> {
                 let yu = y as usize;
                 if seen[yu] != v as u32 {
                     seen[yu] = v as u32;
-                    inputs.push((y, out[yu], last_consumer[yu], index[yu]));
+                    inputs.push((y, bytes_here[yu], last_consumer[yu], index[yu]));
                 }
             }
             in_offsets.push(inputs.len() as u32);
@@ -561,6 +583,16 @@ mod tests {
         if rng.below(3) == 0 {
             outputs.push(rng.below(n as u64) as u32);
         }
+        // some nodes are views of their first input (node v - 1)
+        let alias = (0..n)
+            .map(|v| {
+                if v > 0 && rng.below(4) == 0 {
+                    v as u32 - 1
+                } else {
+                    u32::MAX
+                }
+            })
+            .collect();
         CostGraph::new(
             (0..n)
                 .map(|v| {
@@ -580,6 +612,8 @@ mod tests {
             users,
             outputs,
         )
+        .unwrap()
+        .with_node_alias(alias)
         .unwrap()
     }
 

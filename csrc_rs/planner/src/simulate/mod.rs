@@ -232,6 +232,28 @@ struct Instance {
     pending_in: u32,
     /// The reloaded copy of a spilled value (its other segments read it).
     reload: bool,
+    /// The instance whose storage this one's value views (`usize::MAX`:
+    /// none): kept alive, one release pending, until this one is freed.
+    holds: usize,
+}
+
+/// Frees instance `i`, whose releases are all done, at `at` (or once its
+/// copies out are done), then drops its hold on the instance it views:
+/// a view keeps its base's storage alive.
+fn release_chain(instances: &mut [Instance], mem: &mut Memory, mut i: usize, mut at: f64) {
+    loop {
+        let inst = instances[i];
+        mem.release(&inst, at);
+        if inst.keep || inst.holds == usize::MAX {
+            return;
+        }
+        at = at.max(inst.floor);
+        i = inst.holds;
+        instances[i].remaining -= 1;
+        if instances[i].remaining != 0 {
+            return;
+        }
+    }
 }
 
 struct Memory {
@@ -684,9 +706,19 @@ impl Workspace {
             x as u32,
         );
         clock.makespan = clock.makespan.max(finish);
+        // a view holds the copy of its base it was taken from (one more
+        // release, done when the view is freed)
+        let base = g.node_alias(x).map(|a| {
+            let i = self.find(seg, a, dev, seg.node_segment[x]);
+            self.instances[i].remaining += 1;
+            i
+        });
         self.release_inputs(inp, clock, x, finish);
         self.count_consumers(inp, x);
         let lo = self.make_instances(inp, clock, x, finish);
+        if let Some(i) = base {
+            self.instances[lo].holds = i;
+        }
         self.settle_value(inp, clock, x, lo, finish);
         if seg.segment_last_node[su] as usize == x {
             self.end_segment(inp, clock, su, finish);
@@ -773,8 +805,7 @@ impl Workspace {
             if instances[i].segment == sid {
                 instances[i].remaining -= 1;
                 if instances[i].remaining == 0 {
-                    let inst = instances[i];
-                    clock.mem.release(&inst, finish);
+                    release_chain(instances, &mut clock.mem, i, finish);
                 }
             } else if instances[i].pending_in != sid + 1 {
                 instances[i].pending_in = sid + 1;
@@ -846,6 +877,7 @@ impl Workspace {
             segment: sid,
             pending_in: 0,
             reload: false,
+            holds: usize::MAX,
         });
         // A copy on the host: for consumers on other devices, or to spill
         // (spillable values have no other consumers).
@@ -880,6 +912,7 @@ impl Workspace {
                 segment: u32::MAX,
                 pending_in: 0,
                 reload: false,
+                holds: usize::MAX,
             });
         }
         if let (true, Some(host)) = (spilled, host_copy) {
@@ -897,6 +930,7 @@ impl Workspace {
                 segment: u32::MAX,
                 pending_in: 0,
                 reload: true,
+                holds: usize::MAX,
             });
         }
         for k in 0..self.consumer_devices.len() {
@@ -926,6 +960,7 @@ impl Workspace {
                 segment: u32::MAX,
                 pending_in: 0,
                 reload: false,
+                holds: usize::MAX,
             });
         }
         lo
@@ -947,9 +982,10 @@ impl Workspace {
         if g.is_output(x) && output_home(g, pl, x) == dev {
             clock.last_output = clock.last_output.max(finish);
         }
-        for inst in &self.instances[lo..] {
-            if inst.remaining == 0 {
-                clock.mem.release(inst, inst.ready);
+        for i in lo..self.instances.len() {
+            if self.instances[i].remaining == 0 {
+                let ready = self.instances[i].ready;
+                release_chain(&mut self.instances, &mut clock.mem, i, ready);
             }
         }
     }
@@ -961,8 +997,7 @@ impl Workspace {
         for &i in &self.pending {
             self.instances[i].remaining -= 1;
             if self.instances[i].remaining == 0 {
-                let inst = self.instances[i];
-                clock.mem.release(&inst, finish);
+                release_chain(&mut self.instances, &mut clock.mem, i, finish);
             }
         }
         self.pending.clear();
@@ -1016,8 +1051,7 @@ impl Workspace {
             inst.floor = inst.floor.max(ce);
             inst.remaining -= 1;
             if inst.remaining == 0 {
-                let inst = *inst;
-                clock.mem.release(&inst, ce);
+                release_chain(&mut self.instances, &mut clock.mem, home_inst, ce);
             }
         }
     }
@@ -1058,12 +1092,13 @@ impl Workspace {
 }
 
 /// The bytes node `x` allocates on its device: its value's, except for a
-/// state's new value written into the state where it is (no new memory).
+/// view (it shares its input's storage) and a state's new value written into
+/// the state where it is (no new memory).
 fn own_bytes(g: &CostGraph, pl: &Placement, x: usize) -> u64 {
     let in_state = g.is_in_place(x)
         && g.state_of_output(x)
             .is_some_and(|i| pl.node_device[i] == pl.node_device[x]);
-    if in_state {
+    if in_state || g.node_alias(x).is_some() {
         0
     } else {
         g.node_out_bytes()[x]
