@@ -46,7 +46,10 @@ class CostGraph:
     at, see ``Device.class_flops_per_s``) to all 0; ``node_ops`` (per node: the ops it
     runs, each paying its device's ``latency_s``: 0 for a graph input or an item taken from
     a tuple, 1 for an op, a view included) to 1 for a node that computes or moves bytes and
-    0 otherwise. Raises
+    0 otherwise; ``node_alias`` (per node: the input whose storage its value shares, a
+    view of it, which then allocates nothing on its device and keeps that input's copy
+    there alive as long as itself; ``None`` for a node with storage of its own) to all
+    ``None``. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -69,6 +72,7 @@ class CostGraph:
         state: Sequence[tuple[int, int, bool]] | None = None,
         node_rate_class: Sequence[int] | None = None,
         node_ops: Sequence[int] | None = None,
+        node_alias: Sequence[int | None] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:

@@ -68,6 +68,11 @@ class CostNode:
             taken where its reader runs (``CostGraph.runs_with``) counts with its reader.
             ``None`` (a cost graph saved before ops were counted): 1 for a node that
             computes or moves bytes.
+        alias: for a view of an activation (every tensor it returns shares the one
+            storage of its input ``alias``: ``view``, ``transpose``, ``slice``, the items
+            of a ``split``), that input: it allocates nothing where it runs and keeps its
+            base's storage alive as long as itself. ``None`` for a node with storage of
+            its own, and for an item of a tuple of several storages.
     """
 
     name: str
@@ -85,6 +90,7 @@ class CostNode:
     dtype: str | None = None
     rows: int | None = None
     ops: int | None = None
+    alias: int | None = None
 
     @property
     def op_count(self) -> int:
@@ -335,13 +341,15 @@ class CostGraph:
             state=[(r.input, r.output, r.in_place) for r in self.state],
             node_rate_class=[classes.get((n.dtype or "float32", n.rows), 0) for n in self.nodes],
             node_ops=[n.op_count for n in self.nodes],
+            node_alias=[n.alias for n in self.nodes],
         )
 
 
 def _node_json(node: CostNode) -> dict[str, Any]:
-    """A node's JSON form; ``dtype``, ``rows`` and ``ops`` only where it has them."""
+    """A node's JSON form; ``dtype``, ``rows``, ``ops`` and ``alias`` only where it has
+    them."""
     data = dataclasses.asdict(node)
-    for optional in ("dtype", "rows", "ops"):
+    for optional in ("dtype", "rows", "ops", "alias"):
         if data[optional] is None:
             del data[optional]
     return data
@@ -665,6 +673,8 @@ class _Builder:
         self.runs_with: dict[int, torch.fx.Node] = {}
         # storage key -> [first node, bytes, nodes whose value refers to it]
         self.storages: dict[int, list[Any]] = {}
+        # node id -> the activation storages its value refers to
+        self.node_keys: dict[int, frozenset[int]] = {}
 
     def placeholder(self, node: torch.fx.Node, position: int) -> None:
         real = self.example_inputs[position]
@@ -772,15 +782,19 @@ class _Builder:
         my_id = len(self.nodes)
         value = _example(node)
         alloc = 0
+        keys: set[int] = set()
         for leaf in _leaves(value):
             key = _storage_key(leaf)
             if key in self.param_storages:
                 self.views_of.setdefault(node, set()).add(self.param_storages[key])
                 continue
+            keys.add(key)
             if key not in self.storages:
                 self.storages[key] = [my_id, _storage_bytes(leaf, self.sizes), []]
                 alloc += _storage_bytes(leaf, self.sizes)
             self.storages[key][2].append(my_id)
+        alias = self._alias(node, keys, inputs) if alloc == 0 and not is_graph_input else None
+        self.node_keys[my_id] = frozenset(keys)
         self.index[node] = my_id
         self.nodes.append(
             {
@@ -799,8 +813,20 @@ class _Builder:
                 **({"dtype": dtype} if dtype is not None else {}),
                 **({"rows": rows} if rows is not None else {}),
                 "ops": 0 if is_graph_input else ops,
+                **({"alias": alias} if alias is not None else {}),
             }
         )
+
+    def _alias(self, node: torch.fx.Node, keys: set[int], inputs: list[int]) -> int | None:
+        """The input ``node``'s value is a view of: the one whose value is the one storage
+        every tensor ``node`` returns shares (a state written in place is planned as a
+        state, not as a view)."""
+        if len(keys) != 1 or IN_PLACE_OF in node.meta:
+            return None
+        for i in inputs:
+            if self.node_keys.get(i) == keys:
+                return i
+        return None
 
     def finish(self) -> CostGraph:
         end = len(self.nodes)
