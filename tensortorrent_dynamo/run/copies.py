@@ -142,16 +142,18 @@ class CudaEngine(CopyEngine):
         return self._copy_in_async(source, what, after)
 
     def reload(self, spilled: PrefetchHandle, what: str) -> PrefetchHandle:
-        return self._copy_in_async(spilled.result, what)
+        return self._copy_in_async(spilled.result, what, once=True)
 
     def _copy_in_async(
         self,
         source: Callable[[], torch.Tensor],
         what: str,
         after: Callable[[], None] | None = None,
+        once: bool = False,
     ) -> PrefetchHandle:
         """A non-blocking copy on the copy stream, issued by the copy engine thread once
-        ``source()`` is ready; compute waits on the copy's event, not on the host."""
+        ``source()`` is ready; compute waits on the copy's event, not on the host. With
+        ``once``, the handle's result is read once (see :class:`PrefetchHandle`)."""
         device, recorder = self.device, self.recorder
         stream, engine = self._h2d_engine()
 
@@ -180,7 +182,7 @@ class CudaEngine(CopyEngine):
             buffer.record_stream(current)
             return buffer
 
-        return PrefetchHandle(finish=finish)
+        return PrefetchHandle(finish=finish, once=once)
 
     def spill(self, tensor: torch.Tensor, what: str) -> PrefetchHandle:
         """A non-blocking copy into pinned host memory on the device-to-host stream, after
@@ -202,4 +204,4 @@ class CudaEngine(CopyEngine):
             recorder.add(f"d2h {device}", "spill", what, start)
             return host
 
-        return PrefetchHandle(finish=finish)
+        return PrefetchHandle(finish=finish, once=True)

@@ -37,6 +37,10 @@ class PrefetchHandle:
 
     ``copies`` is false for a handle on a tensor already at hand (:meth:`at_hand`): no
     copy stands behind it, so a failed call has nothing of it to wait for.
+
+    With ``once`` (an activation's spill or reload: read by one consumer), :meth:`result`
+    hands the tensor over and keeps no reference to it, so that the runtime, which holds
+    its handles until the call ends, does not keep the copy alive past its last use.
     """
 
     def __init__(
@@ -45,11 +49,13 @@ class PrefetchHandle:
         release: Callable[[], None] | None = None,
         *,
         copies: bool = True,
+        once: bool = False,
     ) -> None:
         self._finish: Callable[[], torch.Tensor] | None = finish
         self._release = release
         self._tensor: torch.Tensor | None = None
         self.copies = copies
+        self._once = once
 
     @classmethod
     def at_hand(cls, tensor: torch.Tensor) -> PrefetchHandle:
@@ -58,8 +64,14 @@ class PrefetchHandle:
 
     def result(self) -> torch.Tensor:
         if self._tensor is None:
-            assert self._finish is not None, "wait() after evict(): the schedule is out of order"
-            self._tensor = self._finish()
+            assert self._finish is not None, (
+                "wait() after evict(), or twice on a copy read once: the schedule is out of order"
+            )
+            tensor = self._finish()
+            if self._once:
+                self._finish = None  # its closure holds the copy too
+                return tensor
+            self._tensor = tensor
         return self._tensor
 
     def release(self) -> None:

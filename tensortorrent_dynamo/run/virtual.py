@@ -29,12 +29,16 @@ from .record import Recorder
 
 
 class MemoryLedger:
-    """Live and peak bytes of one device, thread-safe."""
+    """Bytes of one device, thread-safe: ``live`` (every storage it holds, which the
+    capacity bounds), ``idle`` (of those, the pooled buffers kept for reuse, which go
+    before an allocation fails, as a caching allocator's cache does) and ``peak`` (the
+    most bytes in use, ``live - idle``: what a plan's peak predicts)."""
 
     def __init__(self, name: str, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
         self.live = 0
+        self.idle = 0
         self.peak = 0
         self._lock = threading.Lock()
 
@@ -47,15 +51,26 @@ class MemoryLedger:
                     "The plan's memory estimate was too low: raise the budget or report a bug."
                 )
             self.live += nbytes
-            self.peak = max(self.peak, self.live)
+            self.peak = max(self.peak, self.live - self.idle)
 
     def free(self, nbytes: int) -> None:
         with self._lock:
             self.live -= nbytes
 
+    def pool(self, nbytes: int, idle: bool) -> None:
+        """``nbytes`` held go idle (into the pool) or, with ``idle`` false, back in use."""
+        with self._lock:
+            self.idle += nbytes if idle else -nbytes
+            self.peak = max(self.peak, self.live - self.idle)
+
+    def drop_idle(self, nbytes: int) -> None:
+        """``nbytes`` of idle buffers are being freed (their ``free`` follows)."""
+        with self._lock:
+            self.idle -= nbytes
+
     def reset_peak(self) -> None:
         with self._lock:
-            self.peak = self.live
+            self.peak = self.live - self.idle
 
 
 class VirtualDevice:
@@ -159,6 +174,7 @@ class VirtualDevice:
             flat = idle.pop() if idle else None
             if flat is not None:
                 self._storages[flat.untyped_storage().data_ptr()][2] = what
+                self.ledger.pool(nbytes, idle=False)
         if flat is None:
             flat = self.adopt(torch.empty(nbytes, dtype=torch.uint8), what)
         # every tensor object over the buffer is adopted: the ledger frees the storage
@@ -184,11 +200,13 @@ class VirtualDevice:
             entry = self._storages[storage.data_ptr()]
             entry[2] = f"idle buffer, last {entry[2]}"
             self._idle.setdefault(flat.numel(), []).append(flat)
+            self.ledger.pool(flat.numel(), idle=True)
 
     def trim(self) -> int:
         """Drop every idle pooled buffer; returns how many were dropped."""
         with self._lock:
             idle, self._idle = self._idle, {}
+            self.ledger.drop_idle(sum(n * len(b) for n, b in idle.items()))
         dropped = sum(len(buffers) for buffers in idle.values())
         idle.clear()  # outside the lock: the ledger's finalizers take it
         return dropped
@@ -295,7 +313,7 @@ class VirtualEngine(CopyEngine):
 
         future = virtual.d2h.submit(copy)
         wait = f"the spill of {what} from {virtual.name}"
-        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait))
+        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait), once=True)
 
     def reload(self, spilled: PrefetchHandle, what: str) -> PrefetchHandle:
         """Copy the spilled host copy into a new buffer of the device on its copy thread, in
@@ -312,4 +330,4 @@ class VirtualEngine(CopyEngine):
 
         future = virtual.h2d.submit(copy)
         wait = f"the reload of {what} to {virtual.name}"
-        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait))
+        return PrefetchHandle(finish=lambda: wait_for(future, virtual.timeout_s, wait), once=True)

@@ -278,10 +278,6 @@ ENTRIES: list[Entry] = [
             rotary_pct=0.25,
         ),
         decoder_inputs,
-        xfail={
-            "third": "VirtualDeviceOutOfMemory on the 1st call (static shapes): the plan "
-            "underestimates its peak (fails allocating an SDPA output)"
-        },
     ),
     Entry(
         "gptj",
@@ -681,12 +677,6 @@ ENTRIES: list[Entry] = [
             num_labels=5,
         ),
         image_inputs,
-        xfail={
-            "third": "VirtualDeviceOutOfMemory on the 1st call (static shapes): the plan "
-            "underestimates its peak (two streamed 64 KiB MLP weights and two reloaded spills "
-            "are alive at once, a few KiB over the simulated peak; fails allocating an addmm "
-            "output)"
-        },
     ),
     Entry(
         "resnet",
@@ -797,5 +787,5 @@ BUDGETS = ("none", "third")
 
 # generate(): the decoder families it runs on, and its known failures
 # (name, cache implementation, budget) -> reason
-GENERATE_MODELS = ("llama", "qwen3", "phi")
+GENERATE_MODELS = ("llama", "qwen3", "phi", "gemma3", "granite", "deepseek_v3")
 GENERATE_XFAIL: dict[tuple[str, str, str], str] = {}
