@@ -826,8 +826,9 @@ class _Builder:
         state, not as a view)."""
         if len(keys) != 1 or IN_PLACE_OF in node.meta:
             return None
+        shared = frozenset(keys)
         for i in inputs:
-            if self.node_keys.get(i) == keys:
+            if self.node_keys.get(i) == shared:
                 return i
         return None
 

@@ -153,12 +153,9 @@ impl<'a> Bounds<'a> {
             for &c in g.consumers(x) {
                 match index[c as usize] {
                     u32::MAX => elsewhere = true,
-                    i => {
-                        first_consumer[x] = first_consumer[x].min(i);
-                        last_consumer[x] = match last_consumer[x] {
-                            u32::MAX => i,
-                            l => l.max(i),
-                        };
+                    pos => {
+                        first_consumer[x] = first_consumer[x].min(pos);
+                        last_consumer[x] = later(last_consumer[x], pos);
                     }
                 }
             }
@@ -167,14 +164,8 @@ impl<'a> Bounds<'a> {
             bytes_here[x] = out[x];
             if let (Some(y), true) = (g.node_alias(x), producer != u32::MAX) {
                 bytes_here[x] = 0;
-                let held_to = match last_consumer[x] {
-                    u32::MAX => producer,
-                    l => l.max(producer),
-                };
-                last_consumer[y] = match last_consumer[y] {
-                    u32::MAX => held_to,
-                    l => l.max(held_to),
-                };
+                let held_to = later(last_consumer[x], producer);
+                last_consumer[y] = later(last_consumer[y], held_to);
                 copied_out[y] |= copied_out[x];
             }
         }
@@ -433,6 +424,15 @@ impl<'a> Bounds<'a> {
             most = most.max(t);
             self.term_suffix[k] = most;
         }
+    }
+}
+
+/// The later of two positions, `u32::MAX` in `pos` meaning none.
+fn later(pos: u32, other: u32) -> u32 {
+    if pos == u32::MAX {
+        other
+    } else {
+        pos.max(other)
     }
 }
 
