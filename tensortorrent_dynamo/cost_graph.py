@@ -327,10 +327,7 @@ class CostGraph:
             param_offsets.append(len(param_users))
         return native_planner().CostGraph(  # type: ignore[no-any-return]
             node_flops=[n.flops for n in self.nodes],
-            # what a node holds where it runs: its new storage when that is larger than
-            # its tensors (a functional ``copy`` of a strided slice keeps the slice's
-            # layout, in a storage spanning its strides)
-            node_out_bytes=[max(n.out_bytes, n.alloc_bytes) for n in self.nodes],
+            node_out_bytes=[n.out_bytes for n in self.nodes],
             node_host_only=[n.host_only and i not in movable for i, n in enumerate(self.nodes)],
             input_offsets=input_offsets,
             input_ids=input_ids,
