@@ -8,12 +8,13 @@ it measured.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,30 @@ def timed_calls(
     }
 
 
+def paired_reads(
+    call: Call, competitor: Competitor, count: int, check: Callable[[Any], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``count`` pairs, each the competitor's reader reading one call's disk bytes alone
+    (``Competitor.read_alone``) and then one call, the page cache dropped before each: the
+    call's time over the disk's, both measured seconds apart, whatever the disk's drift
+    over minutes. ``None`` for a competitor with no reader of its own to ask."""
+    pairs: list[dict[str, float]] = []
+    checks: list[dict[str, Any]] = []
+    for _ in range(count):
+        if drop_page_cache() is not None:
+            return None
+        alone = competitor.read_alone()
+        if alone is None:
+            return None
+        drop_page_cache()
+        start = time.perf_counter()
+        out = call()
+        pairs.append({"read_alone_s": alone, "call_s": time.perf_counter() - start})
+        checks.append(check(out))
+        del out
+    return {"pairs": pairs, "quality": worst_quality(checks)}
+
+
 def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything a competitor's process measures on one regime (see ``bench.offload``)."""
     torch.set_grad_enabled(False)
@@ -105,10 +130,16 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     drop = bool(spec["drop_caches"])
     cold = timed_calls(call, competitor, expected, workload, spec["repeats"], drop, peaks)
     warm = timed_calls(call, competitor, expected, workload, spec["repeats"], False, peaks)
+    paired = None
+    if ctx.new_tokens is None:
+        check = functools.partial(workload.quality, expected=expected)
+        paired = paired_reads(call, competitor, spec["repeats"], check)
     for phase in (cold, warm):
         peak, base = phase["peak_rss_calls_bytes"], baseline.get("VmRSS")
         phase["rss_growth_bytes"] = peak - base if peak and base else None
-    quality = worst_quality([*warm_checks, cold["quality"], warm["quality"]])
+    quality = worst_quality(
+        [*warm_checks, cold["quality"], warm["quality"], *([paired["quality"]] if paired else [])]
+    )
     return {
         "ok": quality["ok"],
         "holds_in_ram": competitor.holds,
@@ -119,6 +150,7 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
         "warmup_calls": spec["warmup"],
         "cold": cold,
         "warm": warm,
+        **({"paired": paired} if paired is not None else {}),
         "quality": quality,
         "peak_rss_bytes": peaks.lifetime(),
         "info": competitor.info,

@@ -103,6 +103,12 @@ class Competitor:
         """Figures of the regime after its calls (e.g. the plan)."""
         return {}
 
+    def read_alone(self) -> float | None:
+        """Seconds this competitor's own reader takes to read, alone, the bytes one call
+        reads from disk (all submitted at once, nothing computed); ``None`` where it has no
+        reader of its own to ask."""
+        return None
+
 
 class Eager(Competitor):
     holds = (
@@ -254,6 +260,30 @@ class TensorTorrent(Competitor):
 
         call()
         return call
+
+    def read_alone(self) -> float | None:
+        """The streamed parameters of every graph (those the plan reads from disk each call)
+        read by their session's own reader, every read submitted at once, as one call's reads
+        would be with no compute and no buffer window to wait on."""
+        if self.compiled is None:
+            return None
+        import time
+
+        sessions = [s for s in self.compiled.backend.sessions.values() if s.disk is not None]
+        reads = [
+            (session.disk, session.disk.locations[param.fqn])
+            for session in sessions
+            for graph in session.graphs
+            for param, residency in zip(graph.plan.cost.params, graph.plan.residency, strict=True)
+            if residency.reads_from_disk
+        ]
+        if not reads:
+            return None
+        start = time.perf_counter()
+        futures = [(disk, disk.reader.submit(location)) for disk, location in reads]
+        for disk, future in futures:
+            disk.pool.give(future.result().buffer)
+        return time.perf_counter() - start
 
     def _readers(self) -> list[Any]:
         """The disk readers of the backend's sessions (``tt.compile``'s backend, else the

@@ -30,7 +30,12 @@ MAIN_TT = "tensortorrent"
 """The TensorTorrent competitor whose figures are the bench's headline ratios."""
 CUDA_COMPETITORS = ("eager_cpu", "eager", "accelerate", "tensortorrent")
 """The competitors of the CUDA mode (the budget on the GPU)."""
-RATIO_KEYS = ("over_accelerate_cold", "over_accelerate_warm", "over_lower_bound_cold")
+RATIO_KEYS = (
+    "over_accelerate_cold",
+    "over_accelerate_warm",
+    "over_lower_bound_cold",
+    "call_over_read_alone",
+)
 """The headline ratios of the main TensorTorrent competitor (the bench's ``figure``)."""
 
 Summarize = Callable[[Mapping[str, Sequence[Mapping[str, Any]]], int, int, float | None, bool], Any]
@@ -340,7 +345,9 @@ def run_bench(
             "them, interleaved (odd rounds in the order of `schedule`, even rounds in "
             f"reverse); per process {args.warmup} warm-up call(s) excluded, then {repeats} timed "
             f"calls with the page cache dropped before each (cold), then {repeats} without "
-            "dropping it (warm); medians over every timed call of every round, each round's "
+            "dropping it (warm), then for a competitor with a disk reader of its own "
+            f"{repeats} pairs of its reader reading one call's disk bytes alone and a call "
+            "(cold, `paired_source`); medians over every timed call of every round, each round's "
             "medians kept under `rounds`; setup and compile seconds the median over rounds, "
             "peak RSS the max over rounds; every call's output checked against eager's, saved "
             "by the setup step"

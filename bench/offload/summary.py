@@ -45,6 +45,18 @@ def _streamed(result: Mapping[str, Any]) -> tuple[int | float | None, str | None
     return None, None
 
 
+def _paired(paired: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Figures of a process's pairs of a read alone and a call (``child.paired_reads``)."""
+    if not paired or not paired["pairs"]:
+        return {}
+    pairs = paired["pairs"]
+    return {
+        "call_over_read_alone": _median([p["call_s"] / p["read_alone_s"] for p in pairs]),
+        "read_alone_ms": _median([1e3 * p["read_alone_s"] for p in pairs]),
+        "paired_call_ms": _median([1e3 * p["call_s"] for p in pairs]),
+    }
+
+
 def _min(*values: float | None) -> float | None:
     known = [v for v in values if v is not None]
     return min(known) if known else None
@@ -91,6 +103,7 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "peak_rss_bytes": r["peak_rss_bytes"],
                 "peak_rss_cold_calls_bytes": r["cold"]["peak_rss_calls_bytes"],
                 "streamed_bytes": streamed,
+                **_paired(r.get("paired")),
             }
         )
     cold = [t for r in results for t in r["cold"]["times_ms"]]
@@ -152,6 +165,16 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "DiskReader.busy_seconds over each cold call (time with at least one read in "
             "flight): its share of the call, and the call's disk bytes over it; medians over "
             "every cold call of every round"
+        )
+    pairs = [p for r in results for p in r.get("paired", {}).get("pairs", [])]
+    if pairs:
+        row.update(_paired({"pairs": pairs}))
+        row["paired_source"] = (
+            "after the warm calls, pairs of (the competitor's own reader reading one call's "
+            "disk bytes alone, all submitted at once) then one call, the page cache dropped "
+            "before each; call_over_read_alone is the median over pairs of the call's seconds "
+            "over the read's: how close a call comes to its disk's rate measured seconds "
+            "before it, whatever the disk's drift over minutes"
         )
     streamed, source = _streamed(results[0])
     if streamed is not None:
@@ -408,6 +431,11 @@ def summarize_regime(
         if name != "eager":
             ratio = _ratio(row["median_ms_warm"], eager_warm)
             _put_ratio(ratios[name], "over_eager_warm", warm, eager_warm_rounds, ratio)
+        if row.get("call_over_read_alone") is not None:
+            paired = {x["round"]: x.get("call_over_read_alone") for x in row["rounds"]}
+            ones = dict.fromkeys(paired, 1.0)
+            pooled_paired = row["call_over_read_alone"]
+            _put_ratio(ratios[name], "call_over_read_alone", paired, ones, pooled_paired)
         streamed = row.get("streamed_bytes")
         if has_bound and streamed is not None:
             streamed_rounds = {x["round"]: x["streamed_bytes"] for x in row["rounds"]}

@@ -118,7 +118,10 @@ def test_ram_offload_bench(tmp_path: Path) -> None:
         "over_accelerate_cold",
         "over_accelerate_warm",
         "over_lower_bound_cold",
+        "call_over_read_alone",
     }
+    tt = data["regimes"][regime]["competitors"]["tensortorrent"]
+    assert tt["read_alone_ms"] > 0 and tt["call_over_read_alone"] > 0
 
 
 @pytest.mark.slow
@@ -168,6 +171,7 @@ def process(
     setup_s: float = 1.0,
     streamed: int | None = None,
     disk_map_bytes: int | None = None,
+    paired: list[tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """One competitor process's result as ``run_competitor`` writes it (made up)."""
     per_call = [{} if streamed is None else {"disk_bytes_read": streamed} for _ in cold]
@@ -201,6 +205,9 @@ def process(
         "peak_rss_bytes": rss,
         "info": info,
     }
+    if paired is not None:
+        pairs = [{"read_alone_s": alone, "call_s": call} for alone, call in paired]
+        result["paired"] = {"pairs": pairs, "quality": {"ok": True}}
     return {"round": round_, "order": 0, "started_s": 0.0, "process_s": 1.0, "result": result}
 
 
@@ -252,6 +259,27 @@ def test_rounds_are_pooled_and_ratios_paired_by_round() -> None:
     assert bound["violations"]["tensortorrent"]["implied_read_bytes_per_s_cold"] == (
         pytest.approx(500_000_000 / 0.3)
     )
+
+
+def test_a_call_is_compared_with_its_own_reads_alone_pair_by_pair() -> None:
+    # The disk ran twice as fast in round 1's second pair: each call is set against the read
+    # made just before it, not against the run's best rate.
+    runs = {
+        "eager": [process(1, [90], [100]), process(2, [90], [100])],
+        "tensortorrent": [
+            process(1, [300], [300], streamed=1, paired=[(0.2, 0.22), (0.1, 0.13)]),
+            process(2, [300], [300], streamed=1, paired=[(0.2, 0.2)]),
+        ],
+    }
+    out = summarize_regime(runs, 10**9, 5 * 10**8, 1e9, cuda=False)
+    tt = out["competitors"]["tensortorrent"]
+    assert [r["call_over_read_alone"] for r in tt["rounds"]] == pytest.approx([1.2, 1.0])
+    assert tt["call_over_read_alone"] == pytest.approx(1.1)  # the median of all three pairs
+    assert tt["read_alone_ms"] == pytest.approx(200)
+    ratios = out["ratios"]["tensortorrent"]
+    assert ratios["call_over_read_alone_by_round"] == pytest.approx([1.2, 1.0])
+    assert ratios["call_over_read_alone"] == pytest.approx(1.1)
+    assert "call_over_read_alone" not in out["ratios"]["eager"]
 
 
 def test_a_failed_round_fails_the_competitor() -> None:
