@@ -48,7 +48,11 @@ class CostNode:
             attention). Ops it does not count (elementwise, norms, reductions, views)
             have 0 here and are costed by ``bytes_accessed`` instead: they are
             memory-bound, so the bytes they read and write set their time.
-        out_bytes: bytes of every tensor the node returns (views included).
+        out_bytes: bytes of every tensor the node returns (views included); for an operation
+            that makes a new storage, that storage's bytes where they are more (``alloc_bytes``:
+            a functional ``copy`` of a strided slice keeps the slice's layout, in a storage
+            spanning its strides). A view, and a graph input (held by the caller, perhaps a
+            slice of a larger tensor), count their tensors' bytes only.
         alloc_bytes: bytes of new storage the node allocates (0 for a view).
         bytes_accessed: bytes of tensors read plus ``alloc_bytes`` written.
         last_use: index of the last node that reads the value; ``len(nodes)`` when
@@ -794,6 +798,13 @@ class _Builder:
                 alloc += _storage_bytes(leaf, self.sizes)
             self.storages[key][2].append(my_id)
         alias = self._alias(node, keys, inputs) if alloc == 0 and not is_graph_input else None
+        out_bytes = 0 if my_id in self.runs_with else tensor_bytes(value, self.sizes)
+        if not is_graph_input:
+            # what it holds where it runs: the storages it makes, all of them (``alloc`` is 0
+            # for a view, which shares the storage of its input and makes none). In
+            # ``out_bytes`` itself, so that what rescales a node's bytes (``KvCache.shortened``)
+            # rescales these too
+            out_bytes = max(out_bytes, alloc)
         self.node_keys[my_id] = frozenset(keys)
         self.index[node] = my_id
         self.nodes.append(
@@ -802,7 +813,7 @@ class _Builder:
                 "op": op,
                 "target": target,
                 "flops": flops,
-                "out_bytes": 0 if my_id in self.runs_with else tensor_bytes(value, self.sizes),
+                "out_bytes": out_bytes,
                 "inputs": tuple(inputs),
                 "host_only": is_graph_input or fallback is not None,
                 "is_graph_input": is_graph_input,
