@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from torch._dispatch.python import no_python_dispatcher
 
 from ..compiling.direct import direct_calls
 from ..errors import OffloadError
@@ -238,8 +239,19 @@ def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
 
 
 # Bytes of weights a few-row matmul figure cycles through: more than a CPU's or a GPU's
-# caches hold, so that each call reads its weight from memory, as a model's layers do.
-ROWS_WEIGHT_BYTES = {"cpu": 64 * _MIB, "cuda": 256 * _MIB}
+# caches hold, so that each call reads its weight from memory, as a model's layers do. On
+# the 2-core development machine (480 MiB of L3 reported, shared with other machines) a
+# float32 matmul at 4 rows ran at 69 GFLOP/s cycling through 64 MiB of 1024x1024 weights,
+# 41 through 256 MiB and 38 through 1 GiB (31-33 for 2048- and 4096-wide layers); at 16
+# rows 127, 90 and 81: a model's weights of a few hundred MiB ran at the larger sets' rates.
+ROWS_WEIGHT_BYTES = {"cpu": 256 * _MIB, "cuda": 256 * _MIB}
+
+
+def _weights(n: int, count: int, device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """``count`` n x n weights laid out as a linear layer's (out x in), transposed as it
+    multiplies them. Filled with a constant, which times as random values do (no
+    denormals) and is made many times faster than ``randn``'s hundreds of MiB."""
+    return [torch.full((n, n), 0.5, device=device, dtype=dtype).t() for _ in range(count)]
 
 
 def matmul_rows_sizes(device: str, budget: Budget) -> tuple[int, ...]:
@@ -260,8 +272,7 @@ def matmul_rows_flops(device: str, dtype: torch.dtype, rows: int, budget: Budget
     kind = "cpu" if device == "cpu" else "cuda"
     itemsize = torch.empty((), dtype=dtype).element_size()
     copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
-    # laid out as a linear layer's weight (out x in), which it multiplies transposed
-    weights = [torch.randn(n, n, device=device).to(dtype).t() for _ in range(copies)]
+    weights = _weights(n, copies, device, dtype)
     a = torch.randn(rows, n, device=device).to(dtype)
     out = torch.empty(rows, n, device=device, dtype=dtype)
     turn = [0]
@@ -309,7 +320,7 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
     ]
     n = budget.cpu_matmul_n
     copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
-    weights = [torch.randn(n, n).t() for _ in range(copies)]
+    weights = _weights(n, copies, "cpu", torch.float32)
     a = torch.randn(SLOWDOWN_ROWS, n)
     out = torch.empty(SLOWDOWN_ROWS, n)
     turn = [0]
@@ -662,11 +673,15 @@ def measure_host(
     # fast as an independent reader's on a virtual machine.
     steps = disk_steps + steps + link_steps
     results: dict[tuple[str, ...], Figure] = {}
+    # Measured as a model's calls run, not as the compile that asks runs: a first compile
+    # measures inside AOTAutograd's compiler, which routes every op through the Python
+    # dispatcher (the per-op cost came out 5.9-6.4 us there, 2.4 us outside it).
     try:
-        for i, step in enumerate(steps):
-            if progress:
-                progress(i, len(steps), step.label)
-            results[step.key] = _run(step)
+        with no_python_dispatcher():
+            for i, step in enumerate(steps):
+                if progress:
+                    progress(i, len(steps), step.label)
+                results[step.key] = _run(step)
     finally:
         if bench:
             bench.close()

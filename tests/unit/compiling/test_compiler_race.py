@@ -22,3 +22,38 @@ def test_a_graph_with_symbolic_sizes_is_not_timed() -> None:
     # after a dynamic-shape recompile Dynamo's example inputs hold SymInts (ints here)
     note = keep_faster(_MustNotRun(), {"segment": "inductor"}, [torch.randn(2, 3), 3])
     assert note is not None and "not timed" in note and "symbolic sizes" in note
+
+
+def _python_dispatcher_on() -> bool:
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+
+
+class _Segment(torch.nn.Module):
+    device = "cpu"
+    use_eager = False
+
+
+class _Timed(torch.nn.Module):
+    """A graph with one segment that says, on each call, whether the Python dispatcher
+    was on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segment = _Segment()
+        self.seen: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(_python_dispatcher_on())
+        return x + 1
+
+
+def test_the_race_times_both_ways_as_calls_run_them_even_inside_a_compile() -> None:
+    # AOTAutograd compiles with the Python dispatcher on, which makes every eager op slower
+    # (2.4x here) and would hand Inductor the race; calls run with it off.
+    from torch._dispatch.python import enable_python_dispatcher
+
+    graph = _Timed()
+    with enable_python_dispatcher():
+        assert _python_dispatcher_on()
+        note = keep_faster(graph, {"segment": "inductor"}, [torch.randn(2, 3)])
+    assert note is not None and graph.seen and not any(graph.seen)

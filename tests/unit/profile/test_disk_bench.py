@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tensortorrent_dynamo.profile.disk import BLOCK_BYTES, DiskBench, writable_problem
 from tensortorrent_dynamo.profile.measure import measure_host
@@ -42,3 +43,27 @@ def test_measure_host_reports_an_unwritable_dir_instead_of_failing(tmp_path: Pat
     assert m.disk.read.value is None and m.disk.write.value is None
     assert "not writable" in m.disk.read.note and m.disk.path == str(blocker / "offload")
     assert m.device("cpu") is not None
+
+
+def test_measure_host_times_ops_as_calls_run_them_even_inside_a_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A first compile measures the profile inside AOTAutograd's compiler, whose Python
+    # dispatcher made every op cost 2.4x what the calls it predicts pay.
+    from torch._dispatch.python import enable_python_dispatcher
+
+    from tensortorrent_dynamo.profile import measure
+
+    seen: list[bool] = []
+    run = measure._run
+
+    def spy(step: measure._Step) -> measure.Figure:
+        seen.append(
+            torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+        )
+        return run(step)
+
+    monkeypatch.setattr(measure, "_run", spy)
+    with enable_python_dispatcher():
+        measure_host("quick", None)
+    assert seen and not any(seen)
