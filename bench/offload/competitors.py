@@ -6,6 +6,7 @@ TensorTorrent with the model's ``forward`` compiled by ``torch.compile`` and a s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -267,8 +268,6 @@ class TensorTorrent(Competitor):
         would be with no compute and no buffer window to wait on."""
         if self.compiled is None:
             return None
-        import time
-
         sessions = [s for s in self.compiled.backend.sessions.values() if s.disk is not None]
         reads = [
             (session.disk, session.disk.locations[param.fqn])
