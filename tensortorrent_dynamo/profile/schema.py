@@ -21,8 +21,7 @@ METHODS_REVISION = 3
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
-every figure is timed with the Python dispatcher off, also inside a compile; the compute
-slowdown's reads are verified as the runtime's are): a cached short
+every figure is timed with the Python dispatcher off, also inside a compile): a cached short
 profile of an older revision is measured again. A file without one is revision 1."""
 
 Mode = Literal["nominal", "short", "quick", "full"]
