@@ -13,8 +13,9 @@ Figures: per regime and competitor, median ms with a cold page cache and with a 
 (over every call of every round, and per round), peak RSS, max abs difference from eager,
 setup and compile seconds; TensorTorrent / Accelerate (cold and warm) and TensorTorrent /
 lower bound, where the lower bound is max(eager's warm time, streamed bytes / the highest
-disk read bandwidth measured in the same run); the headline ratios are medians over rounds
-of each round's ratio. About 7.5 minutes on the 2-core development machine (3 rounds).
+disk read bandwidth measured in the same run); TensorTorrent's call over the time its reader
+takes to read the call's disk bytes alone just before it; the headline ratios are medians
+over rounds of each round's ratio. About 7.5 minutes on the 2-core development machine (3 rounds).
 
     python -m bench.ram_offload [--layers 16 --width 4096 --repeats 3 --rounds 3 --quick
                                  --out-dir DIR]

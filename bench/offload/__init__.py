@@ -25,7 +25,11 @@ One run of a bench, from the parent process:
    seconds), compiles if it does (compile seconds), makes warm-up calls (excluded, their
    count recorded), ``repeats`` timed calls with the page cache dropped before each
    (``sync; echo 3 > /proc/sys/vm/drop_caches``: the cold figure) and ``repeats`` timed calls
-   without dropping it (the warm figure). Every call's output is checked against eager's
+   without dropping it (the warm figure). A TensorTorrent process then times ``repeats``
+   pairs of the bytes its plan reads from disk each call read alone, by a reader with its
+   settings, and one call, the cache dropped before each (``call_over_read_alone``: the
+   call against its disk's rate seconds before it, which the run-wide bound cannot see on a
+   disk that drifts over minutes). Every call's output is checked against eager's
    saved output. A competitor that fails records its error and the bench goes on (a round
    that failed fails the competitor). Where the cache cannot be dropped (not root), the JSON
    says ``page cache not dropped: <why>``.
