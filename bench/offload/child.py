@@ -82,21 +82,26 @@ def timed_calls(
 
 
 def paired_reads(
-    call: Call, competitor: Competitor, count: int, check: Callable[[Any], dict[str, Any]]
+    call: Call,
+    competitor: Competitor,
+    count: int,
+    drop: bool,
+    check: Callable[[Any], dict[str, Any]],
 ) -> dict[str, Any] | None:
     """``count`` pairs, each the competitor's reader reading one call's disk bytes alone
-    (``Competitor.read_alone``) and then one call, the page cache dropped before each: the
-    call's time over the disk's, both measured seconds apart, whatever the disk's drift
-    over minutes. ``None`` for a competitor with no reader of its own to ask."""
+    (``Competitor.read_alone``) and then one call, with ``drop`` the page cache dropped
+    before each: the call's time over the disk's, both measured seconds apart, whatever the
+    disk's drift over minutes. ``None`` for a competitor with no reader of its own to ask."""
     pairs: list[dict[str, float]] = []
     checks: list[dict[str, Any]] = []
     for _ in range(count):
-        if drop_page_cache() is not None:
-            return None
+        if drop:
+            drop_page_cache()
         alone = competitor.read_alone()
         if alone is None:
             return None
-        drop_page_cache()
+        if drop:
+            drop_page_cache()
         start = time.perf_counter()
         out = call()
         pairs.append({"read_alone_s": alone, "call_s": time.perf_counter() - start})
@@ -135,7 +140,7 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     paired = None
     if ctx.new_tokens is None:
         check = functools.partial(workload.quality, expected=expected)
-        paired = paired_reads(call, competitor, spec["repeats"], check)
+        paired = paired_reads(call, competitor, spec["repeats"], drop, check)
     for phase in (cold, warm):
         peak, base = phase["peak_rss_calls_bytes"], baseline.get("VmRSS")
         phase["rss_growth_bytes"] = peak - base if peak and base else None
