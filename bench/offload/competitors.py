@@ -6,7 +6,6 @@ TensorTorrent with the model's ``forward`` compiled by ``torch.compile`` and a s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from .generation import Generate
+from .measure import read_all
 from .workload import GenerateWorkload, Workload
 
 DISK_UNBOUNDED = 1 << 50
@@ -293,16 +293,8 @@ class TensorTorrent(Competitor):
                 direct=like.direct,
                 chunk_bytes=like.chunk_bytes,
             )
-            self._read_all(self._alone, locations)
-        start = time.perf_counter()
-        self._read_all(self._alone, locations)
-        return time.perf_counter() - start
-
-    @staticmethod
-    def _read_all(reader: Any, locations: list[Any]) -> None:
-        futures = [reader.submit(location) for location in locations]
-        for future in futures:
-            reader.pool.give(future.result().buffer)
+            read_all(self._alone, locations)
+        return read_all(self._alone, locations)
 
     def _readers(self) -> list[Any]:
         """The disk readers of the backend's sessions (``tt.compile``'s backend, else the

@@ -3,12 +3,11 @@ directory, ``DiskReader`` on the checkpoint, and the figure the lower bound uses
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .measure import drop_page_cache
+from .measure import drop_page_cache, read_all
 
 
 def measure_disk(directory: Path, mib: int) -> dict[str, Any]:
@@ -47,14 +46,8 @@ def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
         for buffers in ("fresh", "pooled"):
             note = drop_page_cache() if drop else "page cache not dropped: --no-drop was given"
             with DiskReader(pool) as reader:
-                start = time.perf_counter()
-                futures = [reader.submit(loc) for loc in locations]
-                reads = [future.result() for future in futures]
-                seconds = time.perf_counter() - start
+                seconds = read_all(reader, locations)
                 nbytes = reader.bytes_read
-            for read in reads:
-                pool.give(read.buffer)
-            del reads
             passes.append(
                 {
                     "buffers": buffers,
