@@ -4,8 +4,9 @@ The parent graph calls each segment's submodule in order and, between them,
 ``transfer`` (activations changing device), ``resident`` (parameters kept on a
 device), ``prefetch``/``wait``/``evict`` (streamed parameters, double-buffered:
 each streamed parameter is prefetched when the segment the plan names starts) and
-``spill``/``reload``/``wait`` (activations the plan sends to host memory between
-their producing segment and their next use) and ``state`` (an input the graph writes in
+``spill``/``landed``/``reload``/``wait`` (activations the plan sends to host memory
+between their producing segment and their next use; the device goes past their last use
+before the gap only once the copy out has landed) and ``state`` (an input the graph writes in
 place, such as a KV cache buffer, held on the device the plan keeps it on; its new value
 goes back there, not to the host).
 
@@ -248,8 +249,17 @@ def _spill(
         )
         if not later:
             continue
+        near = [
+            user
+            for user in value.users
+            if user.op == "call_module" and _segment_of(str(user.target)) < reload_segment
+        ]
         with graph.inserting_after(value):
             handle = graph.call_function(ops.spill, (rt, value, name))
+        # the device goes past the value's last use as made only once the copy has landed
+        # and the value is gone from it, as the plan counts it
+        with graph.inserting_after(max(near, key=order.__getitem__, default=handle)):
+            graph.call_function(ops.landed, (handle,))
         with graph.inserting_before(issue_point(reload_segment)):
             reloading = graph.call_function(ops.reload, (rt, handle, name, plan.node_device(nid)))
         with graph.inserting_before(later[0]):

@@ -62,17 +62,23 @@ class PrefetchHandle:
         """A handle whose result is ``tensor`` itself, with no copy and no buffer."""
         return cls(finish=lambda: tensor, copies=False)
 
-    def result(self) -> torch.Tensor:
+    def landed(self) -> None:
+        """Block until the copy has landed, keeping its result for :meth:`result`."""
         if self._tensor is None:
             assert self._finish is not None, (
                 "wait() after evict(), or twice on a copy read once: the schedule is out of order"
             )
-            tensor = self._finish()
+            self._tensor = self._finish()
             if self._once:
                 self._finish = None  # its closure holds the copy too
-                return tensor
-            self._tensor = tensor
-        return self._tensor
+
+    def result(self) -> torch.Tensor:
+        self.landed()
+        tensor = self._tensor
+        assert tensor is not None
+        if self._once:
+            self._tensor = None
+        return tensor
 
     def release(self) -> None:
         if self._finish is not None and self._tensor is None:

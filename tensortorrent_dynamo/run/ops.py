@@ -2,7 +2,8 @@
 subgraph runs in.
 
 The rewritten parent graph calls :func:`transfer`, :func:`resident`, :func:`state`,
-:func:`prefetch`, :func:`wait`, :func:`evict`, :func:`spill` and :func:`reload` on the
+:func:`prefetch`, :func:`wait`, :func:`evict`, :func:`spill`, :func:`landed` and
+:func:`reload` on the
 :class:`~.runtime.Runtime` it holds as ``self.tt_runtime``; ``print(gm.code)`` therefore
 reads as the schedule.
 """
@@ -70,6 +71,12 @@ def spill(rt: Runtime, value: Any, what: str) -> Any:
     return tree_map(lambda t: rt.spill(t, what) if isinstance(t, torch.Tensor) else t, value)
 
 
+def landed(spilled: Any) -> None:
+    """Wait until a spill (each tensor of it) has reached host memory, so that its device
+    holds the value no longer: where the plan counts it gone, before the device goes on."""
+    tree_map(lambda h: h.landed() if isinstance(h, PrefetchHandle) else h, spilled)
+
+
 def reload(rt: Runtime, spilled: Any, what: str, device: str) -> Any:
     """Start copying a spilled activation (each tensor of it) back to ``device`` for its
     next use."""
@@ -80,7 +87,7 @@ def reload(rt: Runtime, spilled: Any, what: str, device: str) -> Any:
     return tree_map(one, spilled)
 
 
-for _op in (state, prefetch, evict):
+for _op in (state, prefetch, evict, landed):
     torch.fx.node.has_side_effect(_op)
 
 

@@ -301,13 +301,17 @@ class VirtualEngine(CopyEngine):
         )
 
     def spill(self, tensor: torch.Tensor, what: str) -> PrefetchHandle:
-        """Copy ``tensor`` to host memory on the device's device-to-host thread; once
-        copied, the thread holds no reference to it."""
+        """Copy ``tensor`` to host memory on the device's device-to-host thread; by the
+        time the copy is seen to have landed, the thread holds no reference to it (the
+        device's memory is free once the graph lets go of it too)."""
         virtual, recorder = self.virtual, self.recorder
+        held = [tensor]
 
         def copy() -> torch.Tensor:
+            source = held.pop()
             start = recorder.now()
-            host = landing(tensor).copy_(tensor)  # on the engine's thread: not accounted here
+            host = landing(source).copy_(source)  # on the engine's thread: not accounted here
+            del source
             recorder.add(f"d2h {virtual.name}", "spill", what, start)
             return host
 

@@ -3,6 +3,9 @@ host memory and comes back for its next use, when that is what fits the budget."
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,6 +49,37 @@ def test_a_long_skip_is_spilled_when_holding_it_does_not_fit() -> None:
     assert "spilled activations (1, 512.00 KiB" in text
     assert "mul (512.00 KiB, made in submod_1, back when submod_4 starts)" in text
     assert "measured (last call): 2 copies" in text
+
+
+class _SlowCopies:
+    """A copy thread that starts each copy late, as one a loaded machine schedules late."""
+
+    def __init__(self, pool: concurrent.futures.Executor, delay_s: float) -> None:
+        self.pool, self.delay_s = pool, delay_s
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        def late() -> Any:
+            time.sleep(self.delay_s)
+            return fn()
+
+        return self.pool.submit(late)
+
+
+def test_a_spill_that_lands_late_still_frees_the_device_before_it_goes_on() -> None:
+    # the device goes past the skip's segment only once the copy out has landed: with the
+    # copy thread late, the next segment would otherwise find the skip still held
+    model, x = LongSkip(), torch.randn(512, 256)
+    budget = 6 * MIB + 3 * MIB // 4
+    compiled = tt.compile(model, example_inputs=(x,), **_options(budget))
+    (graph,) = compiled.graphs
+    assert graph.plan.spilled_nodes(), graph.plan.native.chosen
+    code = graph.module.code
+    assert code.index("run_ops_spill") < code.index("run_ops_landed") < code.index("submod_2(")
+    virtual = graph.runtime.virtual["virtual:0"]
+    virtual.d2h = _SlowCopies(virtual.d2h, 0.2)  # type: ignore[assignment]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.measured_peaks()["virtual:0"] <= budget
 
 
 def test_a_skip_also_used_next_is_reloaded_only_for_its_later_use() -> None:

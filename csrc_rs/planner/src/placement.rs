@@ -106,7 +106,9 @@ pub(crate) struct StreamSpan {
 /// `first_segment` on the device, after every earlier use), read from there
 /// by the uses from `first_segment` on. The value as made serves its own
 /// segment and the `near_segments` other segments that use it before
-/// `first_segment`.
+/// `first_segment`, the last of them `last_near_segment` (its own segment
+/// when there are none): the device goes on past that segment only once the
+/// copy to the host has landed, so that the value is gone from it by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SpillSpan {
     pub(crate) node: u32,
@@ -114,6 +116,7 @@ pub(crate) struct SpillSpan {
     pub(crate) first_segment: u32,
     pub(crate) issue_segment: u32,
     pub(crate) near_segments: u32,
+    pub(crate) last_near_segment: u32,
 }
 
 /// Segments of a placement, plus the streaming spans they imply.
@@ -371,6 +374,7 @@ fn spill_span(
                 issue_segment,
                 near_segments: u32::try_from(near).expect("segments fit u32")
                     - u32::from(uses[0] == made),
+                last_near_segment: before,
             });
         }
         before = first;

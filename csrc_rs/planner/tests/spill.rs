@@ -86,6 +86,38 @@ fn a_spilled_skip_leaves_the_accelerator_between_its_uses() {
 }
 
 #[test]
+fn the_device_waits_for_a_slow_spill_before_going_past_its_near_uses() {
+    // The runtime waits for the copy out after the last segment that reads
+    // the value as made, so the device copy is gone before anything later
+    // allocates; the simulation keeps the device idle until then too.
+    let g = skip_graph();
+    let mut devs = devices(1024 * MIB);
+    devs[1].d2h_bytes_per_s = 1e8; // 32 MiB out in 0.34 s, against 10 ms a node
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[SKIP]), 1).unwrap();
+    let out = sim
+        .timeline
+        .iter()
+        .find(|r| r.activity == Activity::Spill && r.index == SKIP as u32)
+        .expect("the skip is spilled");
+    let node = |x: usize| {
+        sim.timeline
+            .iter()
+            .find(|r| r.activity == Activity::Node && r.index == x as u32)
+            .unwrap()
+    };
+    // node 2 is the skip's near use; it runs while the copy is out
+    assert!(node(2).start_s < out.end_s);
+    for x in 3..g.num_nodes() {
+        assert!(
+            node(x).start_s >= out.end_s,
+            "node {x} started before the spill landed"
+        );
+    }
+}
+
+#[test]
 fn values_that_cannot_be_spilled_are_left_alone() {
     let g = skip_graph();
     let devs = devices(1024 * MIB);

@@ -22,6 +22,9 @@
 //! * a spilled value (see `Placement`) is copied to the host by the
 //!   device-to-host engine as soon as it is produced; the device copy is
 //!   freed once that copy and its uses before the gap in its uses are done.
+//!   The device starts nothing after the last of those uses' segments until
+//!   the copy has landed (the runtime waits for it there), so the device
+//!   copy is gone before anything that follows allocates.
 //!   It is copied back by the host-to-device engine when its reload's issue
 //!   segment starts (the host copy freed once that copy is done), serves
 //!   the uses from the gap on, and lives there until its last consuming
@@ -342,6 +345,12 @@ impl Queues {
         self.free[self.slot(r)]
     }
 
+    /// Keeps `r` from starting anything before `until` (a wait, not work).
+    fn hold(&mut self, r: Resource, until: f64) {
+        let k = self.slot(r);
+        self.free[k] = self.free[k].max(until);
+    }
+
     /// Queues `seconds` of work on `r` no earlier than `issue`; returns
     /// its (start, end).
     fn run(
@@ -392,6 +401,8 @@ pub(crate) struct Workspace {
     consumer_devices: Vec<u32>,
     reload_offsets: Vec<u32>,
     reload_ids: Vec<u32>,
+    landed_offsets: Vec<u32>,
+    landed_ids: Vec<u32>,
     /// Per node: its spill's index in the segmentation, or `u32::MAX`.
     node_spill: Vec<u32>,
     /// Per spill: the index of its host copy (the reloaded copy follows).
@@ -581,7 +592,8 @@ impl Workspace {
     }
 
     /// Groups the spans by the segment that issues them and the one ending
-    /// them, and the spills by the segment issuing their reload; indexes the
+    /// them, and the spills by the segment issuing their reload and by the
+    /// one after which their device waits for them to land; indexes the
     /// spills by node; lists the spans issued at the start of the run.
     fn group_spans(&mut self, inp: Inputs) {
         let seg = inp.seg;
@@ -604,6 +616,12 @@ impl Workspace {
             seg.spills.iter().map(|s| Some(s.issue_segment)),
             &mut self.reload_offsets,
             &mut self.reload_ids,
+        );
+        group_by_segment(
+            num_segments,
+            seg.spills.iter().map(|s| Some(s.last_near_segment)),
+            &mut self.landed_offsets,
+            &mut self.landed_ids,
         );
         self.node_spill.clear();
         self.node_spill.resize(n, u32::MAX);
@@ -991,9 +1009,15 @@ impl Workspace {
     }
 
     /// The end of segment `su`, at `finish`: releases what it held for its
-    /// whole run and evicts the streamed parameters it used last.
+    /// whole run, evicts the streamed parameters it used last, and keeps its
+    /// device from going on until the spills it used last have landed.
     fn end_segment(&mut self, inp: Inputs, clock: &mut Clock, su: usize, finish: f64) {
         let (g, seg) = (inp.g, inp.seg);
+        for &k in group(&self.landed_offsets, &self.landed_ids, su) {
+            let spill = seg.spills[k as usize];
+            let landed = self.instances[self.spill_inst[k as usize]].ready;
+            clock.queues.hold(Resource::Compute(spill.device), landed);
+        }
         for &i in &self.pending {
             self.instances[i].remaining -= 1;
             if self.instances[i].remaining == 0 {
