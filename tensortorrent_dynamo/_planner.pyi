@@ -91,7 +91,9 @@ class Device:
     class 0 and the classes it does not list run at ``flops_per_s``. ``disk_latency_s`` is
     the fixed cost of a disk read issued while no other is in flight, beyond its bytes over
     ``disk_bytes_per_s`` (a queued read overlaps it; used on the host; 0, the default, is
-    not modelled).
+    not modelled). ``read_slowdown`` is how many times longer the host's compute takes
+    while disk reads run: the part of a node's run that overlaps the reads queued so far
+    is slowed (at least 1; 1, the default, is not modelled).
     """
 
     def __new__(
@@ -108,6 +110,7 @@ class Device:
         disk_bytes_per_s: float = ...,
         class_flops_per_s: Sequence[float] = ...,
         disk_latency_s: float = ...,
+        read_slowdown: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -144,6 +147,10 @@ class Device:
     def disk_latency_s(self) -> float:
         """Fixed cost in seconds of a disk read, less what the transfer of a read queued
         before it hides, used on the host (0: not modelled)."""
+    @property
+    def read_slowdown(self) -> float:
+        """How many times longer the host's compute takes while disk reads run (1: not
+        modelled)."""
 
 @final
 class Candidate:

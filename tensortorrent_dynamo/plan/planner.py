@@ -263,21 +263,6 @@ def planned_devices(
     return tuple(devices), host_compute
 
 
-def reads_disk_each_call(cost: CostGraph, devices: Sequence[PlannedDevice]) -> bool:
-    """Whether every plan of ``cost`` reads weights from disk on each call: its parameters
-    are more than the host's budget holds (``devices``, host first)."""
-    return cost.param_bytes > devices[0].budget_bytes
-
-
-def host_compute_slowdown(
-    profile: HostProfile, cost: CostGraph, devices: Sequence[PlannedDevice]
-) -> float:
-    """How many times longer the host's compute is costed than its rates say: the measured
-    slowdown of its compute while the disk reader streams (``disk.compute_slowdown``) where
-    every plan of ``cost`` reads weights from disk on each call, else 1."""
-    return profile.compute_slowdown_while_reading if reads_disk_each_call(cost, devices) else 1.0
-
-
 def native_device_list(
     devices: Sequence[PlannedDevice],
     profile: HostProfile,
@@ -285,29 +270,24 @@ def native_device_list(
     keys: Sequence[RateKey] = (),
 ) -> list[_planner.Device]:
     """The devices as the native planner takes them (host first), with a rate for each of
-    ``cost``'s rate ``keys`` (:func:`rate_keys`); where every plan of ``cost`` reads from
-    disk, the host's rates slowed as its compute is while reads run
-    (:func:`host_compute_slowdown`)."""
+    ``cost``'s rate ``keys`` (:func:`rate_keys`); the host's compute slowed as measured
+    while the disk reader streams (``disk.compute_slowdown``), which the simulator applies
+    to the part of each host node that runs while reads do."""
     planner = native_planner()
     has_params = bool(cost.params)
-    slowdown = host_compute_slowdown(profile, cost, devices)
-
-    def slowed(d: PlannedDevice, rate: float) -> float:
-        return rate / slowdown if d.profile.is_host else rate
-
     return [
         planner.Device(
             name=d.name,
             is_host=d.profile.is_host,
-            flops_per_s=slowed(d, d.profile.flops_per_s),
-            class_flops_per_s=[slowed(d, r) for r in class_rates(d.profile, keys)],
+            flops_per_s=d.profile.flops_per_s,
+            class_flops_per_s=class_rates(d.profile, keys),
             budget_bytes=d.budget_bytes,
             # the host has no link to itself: its rates are never used
             h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,
             d2h_bytes_per_s=0.0 if d.profile.is_host else d.profile.d2h_bytes_per_s,
             latency_s=d.profile.latency_s,
             # an unmeasured bandwidth is infinite: memory traffic is then not modelled
-            mem_bytes_per_s=slowed(d, d.profile.memory_bandwidth_bytes_per_s or math.inf),
+            mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
             # only the host reads from disk
             disk_bytes_per_s=(
                 profile.planned_disk_read_bytes_per_s
@@ -316,6 +296,9 @@ def native_device_list(
             ),
             disk_latency_s=(
                 profile.planned_disk_latency_s if d.profile.is_host and has_params else 0.0
+            ),
+            read_slowdown=(
+                profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0
             ),
         )
         for d in devices

@@ -21,7 +21,7 @@ from torch._dispatch.python import no_python_dispatcher
 
 from ..compiling.direct import direct_calls
 from ..errors import OffloadError
-from ..io.locations import TensorLocation
+from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
 from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
 from ..units import format_bytes
@@ -309,15 +309,28 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
     1.2-1.6x eager's step: the reads compete with compute for memory and the CPUs. This
     times that (a weight read just before its matmul, not yet in any cache, is slower too,
     which it does not): ``matmul_rows_flops``'s matmul alone and while a
-    :class:`~..io.reader.DiskReader` keeps reads of the disk bench's file in flight, twice
-    each in turn; the figure is the ratio of the medians.
+    :class:`~..io.reader.DiskReader` keeps reads of the disk bench's file in flight, each
+    read verified as the runtime's are, twice each in turn; the figure is the ratio of the
+    medians.
     """
     path = bench.read_file()
     piece = min(bench.nbytes, DEFAULT_CHUNK_BYTES)
-    pieces = [
-        TensorLocation(f"probe@{offset}", path, offset, piece, torch.uint8, (piece,))
+    unguarded = {
+        f"probe@{offset}": TensorLocation(
+            f"probe@{offset}", path, offset, piece, torch.uint8, (piece,)
+        )
         for offset in range(0, bench.nbytes - piece + 1, piece)
-    ]
+    }
+    # verified as the runtime verifies every weight it reads (the checksum of each block,
+    # recorded at its first read as for a user's checkpoint): 92 ms of a CPU per call of
+    # bench.ram_offload's 576 MiB, which its compute shares the cores with
+    guard = FileGuard(
+        path,
+        {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
+        source="disk bench file",
+        advice="measure the profile again",
+    )
+    pieces = list(guard.locate(unguarded).values())
     n = budget.cpu_matmul_n
     copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
     weights = _weights(n, copies, "cpu", torch.float32)
@@ -369,7 +382,8 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
             f"time per call of torch.mm of a {SLOWDOWN_ROWS}x{n} float32 matrix by {copies} "
             f"transposed {n}x{n} ones in turn, while a DiskReader keeps "
             f"{SLOWDOWN_READS_IN_FLIGHT} reads of {format_bytes(piece)} from {path.parent} in "
-            "flight, over that time alone (each the median of its samples; two of each, in "
+            "flight, each verified as the runtime's reads are (a checksum per block), over "
+            "that time alone (each the median of its samples; two of each, in "
             "turn; the ratio of their medians)"
         ),
     )

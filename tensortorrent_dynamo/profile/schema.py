@@ -17,12 +17,13 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 3
+METHODS_REVISION = 4
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
-every figure is timed with the Python dispatcher off, also inside a compile): a cached short
-profile of an older revision is measured again. A file without one is revision 1."""
+every figure is timed with the Python dispatcher off, also inside a compile; 4: the compute
+slowdown's reads are verified as the runtime's are): a cached short profile of an older
+revision is measured again. A file without one is revision 1."""
 
 Mode = Literal["nominal", "short", "quick", "full"]
 """How much was measured: nothing (built-in rates), the planner's minimum, or a report."""

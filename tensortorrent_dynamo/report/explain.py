@@ -9,7 +9,6 @@ from ..plan.planner import (
     RATE_DTYPES,
     RateKey,
     dtype_rate,
-    host_compute_slowdown,
     node_rate,
     resident_set,
     rows_table,
@@ -178,11 +177,11 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
-    slowdown = host_compute_slowdown(graph.profile, plan.cost, plan.devices)
-    if slowdown > 1:
+    slowdown = graph.profile.compute_slowdown_while_reading
+    if slowdown > 1 and read:
         lines.append(
-            f"    host compute costed {slowdown:.2f}x its rates: its measured slowdown while "
-            "the disk reader streams (profile disk.compute_slowdown)"
+            f"    host compute costed {slowdown:.2f}x its rates while reads run: its measured "
+            "slowdown while the disk reader streams (profile disk.compute_slowdown)"
         )
     if graph.chunks is not None:
         chunked = graph.chunks

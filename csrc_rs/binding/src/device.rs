@@ -26,6 +26,7 @@ impl PyDevice {
         disk_bytes_per_s = f64::INFINITY,
         class_flops_per_s = Vec::new(),
         disk_latency_s = 0.0,
+        read_slowdown = 1.0,
     ))]
     fn new(
         name: String,
@@ -39,6 +40,7 @@ impl PyDevice {
         disk_bytes_per_s: f64,
         class_flops_per_s: Vec<f64>,
         disk_latency_s: f64,
+        read_slowdown: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -53,6 +55,7 @@ impl PyDevice {
                 mem_bytes_per_s,
                 disk_bytes_per_s,
                 disk_latency_s,
+                read_slowdown,
             },
         }
     }
@@ -126,12 +129,19 @@ impl PyDevice {
         self.inner.disk_latency_s
     }
 
+    /// How many times longer the host's compute takes while disk reads run
+    /// (1: not modelled).
+    #[getter]
+    fn read_slowdown(&self) -> f64 {
+        self.inner.read_slowdown
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -150,6 +160,11 @@ impl PyDevice {
             },
             if d.disk_latency_s > 0.0 {
                 format!(", disk_latency_s={}", float_repr(d.disk_latency_s))
+            } else {
+                String::new()
+            },
+            if d.read_slowdown > 1.0 {
+                format!(", read_slowdown={}", float_repr(d.read_slowdown))
             } else {
                 String::new()
             }

@@ -40,6 +40,11 @@ pub struct Device {
     /// transfer, as far as the transfer lasts; only the host's is used). 0
     /// means "not modelled".
     pub disk_latency_s: f64,
+    /// How many times longer this device's (the host's) compute takes while
+    /// the disk tier reads: the part of a node's run that overlaps reads
+    /// already queued runs this much slower (the reads compete with it for
+    /// the CPUs and memory). At least 1; 1 means "not modelled".
+    pub read_slowdown: f64,
 }
 
 impl Device {
@@ -67,6 +72,7 @@ impl Device {
             mem_bytes_per_s: f64::INFINITY,
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
+            read_slowdown: 1.0,
         }
     }
 
@@ -101,6 +107,23 @@ impl Device {
         };
         let traffic = bytes as f64 / self.mem_bytes_per_s;
         compute.max(traffic) + f64::from(ops) * self.latency_s
+    }
+
+    /// Wall seconds of `seconds` of this device's work started at `start`
+    /// while reads keep the disk busy until `reads_until`: the overlapping
+    /// part runs `read_slowdown` times slower.
+    #[must_use]
+    pub fn while_reading(&self, seconds: f64, start: f64, reads_until: f64) -> f64 {
+        let overlap = reads_until - start;
+        if self.read_slowdown <= 1.0 || overlap <= 0.0 || seconds <= 0.0 {
+            return seconds;
+        }
+        let slowed = seconds * self.read_slowdown;
+        if slowed <= overlap {
+            slowed
+        } else {
+            overlap + (seconds - overlap / self.read_slowdown)
+        }
     }
 }
 
@@ -163,6 +186,12 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             return Err(invalid(format!(
                 "device {i} ({:?}) has class_flops_per_s[{c}] = {rate}; it must be positive",
                 d.name
+            )));
+        }
+        if !(d.read_slowdown.is_finite() && d.read_slowdown >= 1.0) {
+            return Err(invalid(format!(
+                "device {i} ({:?}) has read_slowdown = {}; it must be finite and at least 1",
+                d.name, d.read_slowdown
             )));
         }
         for (field, value) in [

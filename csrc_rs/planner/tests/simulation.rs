@@ -307,6 +307,55 @@ fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
     assert_close(long[1], 0.001 + 0.002);
 }
 
+#[test]
+fn host_compute_is_slowed_only_while_reads_run() {
+    // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
+    // start (depth 2): the disk is busy until 2 ms. L0 starts at 1 ms, once
+    // W0 is in; its first wall millisecond, overlapping W1's read, does half
+    // a millisecond of its work at half speed; L1 runs with the disk idle.
+    let g = two_layers()
+        .with_param_home(vec![Tier::Disk, Tier::Disk])
+        .unwrap();
+    let run = |slowdown: f64| {
+        let mut devices = exact_devices();
+        devices[0].disk_bytes_per_s = 1e9;
+        devices[0].read_slowdown = slowdown;
+        let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
+        let nodes = records(&sim.timeline, Activity::Node);
+        let took = |x: u32| {
+            let r = nodes.iter().find(|r| r.index == x).unwrap();
+            r.end_s - r.start_s
+        };
+        (took(1), took(2), sim.predicted_time_s)
+    };
+    let (l0, l1, total) = run(1.0);
+    assert_close(l0, 1.0);
+    assert_close(l1, 1.0);
+    assert_close(total, 2.001);
+    let (l0, l1, total) = run(2.0);
+    assert_close(l0, 0.001 + (1.0 - 0.0005));
+    assert_close(l1, 1.0);
+    assert_close(total, 2.0015);
+}
+
+#[test]
+fn a_node_run_wholly_under_reads_is_slowed_throughout() {
+    // At 0.5 MB/s W1's read keeps the disk busy for 2 s after W0's: all of
+    // L0's 1 s of work, slowed to 1.5 s, overlaps it.
+    let g = two_layers()
+        .with_param_home(vec![Tier::Disk, Tier::Disk])
+        .unwrap();
+    let mut devices = exact_devices();
+    devices[0].disk_bytes_per_s = 5e5;
+    devices[0].read_slowdown = 1.5;
+    let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
+    let l0 = records(&sim.timeline, Activity::Node)
+        .into_iter()
+        .find(|r| r.index == 1)
+        .unwrap();
+    assert_close(l0.end_s - l0.start_s, 1.5);
+}
+
 /// A view owns no memory but keeps its base's storage alive: a small slice
 /// of a large value, read late, holds the whole value until then.
 #[test]

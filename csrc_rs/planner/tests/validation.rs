@@ -221,6 +221,12 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut late = accelerator("a", 1);
     late.latency_s = -1.0;
     assert!(device_error(&[host(1), late]).contains("latency_s = -1"));
+    let mut quick = host(1);
+    quick.read_slowdown = 0.5;
+    assert!(device_error(&[quick]).contains("read_slowdown = 0.5"));
+    let mut unknown = host(1);
+    unknown.read_slowdown = f64::NAN;
+    assert!(device_error(&[unknown]).contains("read_slowdown = NaN"));
     let mut nameless = accelerator("", 1);
     nameless.name.clear();
     assert_eq!(

@@ -67,3 +67,28 @@ def test_measure_host_times_ops_as_calls_run_them_even_inside_a_compile(
     with enable_python_dispatcher():
         measure_host("quick", None)
     assert seen and not any(seen)
+
+
+def test_the_compute_slowdown_reads_are_verified_as_the_runtimes_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runtime checks every block it reads from disk on a thread of its own, CPU time
+    # that compute shares the cores with: the slowdown is measured with that work in it.
+    from tensortorrent_dynamo.io.locations import FileGuard
+    from tensortorrent_dynamo.profile import measure
+
+    checked: list[int] = []
+    verify = FileGuard.verify
+
+    def spy(self: FileGuard, *args: object) -> list[int]:
+        checked.append(1)
+        return verify(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileGuard, "verify", spy)
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
+    try:
+        figure = measure.compute_slowdown(bench, measure.BUDGETS["quick"])
+    finally:
+        bench.close()
+    assert figure.value is not None and figure.value > 0
+    assert checked and "verified" in figure.method

@@ -14,7 +14,9 @@
 //!   (they will be resident), and their exposed copy time once it is full:
 //!   when staying on the device, the copy less the compute since the
 //!   previous parameter-reading node (which the prefetch overlaps), and
-//!   after a switch the whole copy. On the host only reads from disk cost.
+//!   after a switch the whole copy. On the host only reads from disk cost,
+//!   and where the graph reads from disk, the host's nodes cost their time
+//!   slowed as while reads run (`Device::read_slowdown`) throughout.
 //!
 //! Each state carries the bytes its own best path made resident on each
 //! device, so a device fills up to its capacity and the path then moves on
@@ -84,6 +86,7 @@ impl<'a> Costs<'a> {
         let mut copy = vec![0.0f64; n * nd];
         let mut bytes = vec![0.0f64; n];
         let mut since = vec![0.0f64; nd];
+        let reads_disk = g.has_disk_params();
         for v in 0..n {
             bytes[v] = host_share[v] + disk_share[v];
             let disk_read =
@@ -96,6 +99,10 @@ impl<'a> Costs<'a> {
                     g.node_rate_class()[v],
                     g.node_ops(v),
                 );
+                if d == HOST as usize && reads_disk {
+                    // not knowing when reads run, the host is taken as slowed throughout
+                    t *= dev.read_slowdown;
+                }
                 window[k] = since[d];
                 since[d] = if bytes[v] > 0.0 { t } else { since[d] + t };
                 if d == HOST as usize {

@@ -544,6 +544,11 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.disk_latency_s);
             }
+            if disk_params && d.read_slowdown > 1.0 {
+                h.str("read_slowdown");
+                h.u64(i as u64);
+                h.f64(d.read_slowdown);
+            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");

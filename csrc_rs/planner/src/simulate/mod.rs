@@ -710,12 +710,19 @@ impl Workspace {
         }
         let start = self.node_start(inp, clock, x, first_of_segment);
         clock.mem.push(dev, start, own_bytes(g, pl, x), true);
-        let seconds = devices[dev as usize].node_time(
+        let device = &devices[dev as usize];
+        let seconds = device.node_time(
             g.node_flops()[x],
             g.node_bytes_accessed()[x],
             g.node_rate_class()[x],
             g.node_ops(x),
         );
+        // slower while the reads queued so far keep the disk busy
+        let seconds = if dev == HOST {
+            device.while_reading(seconds, start, clock.queues.free_at(Resource::Disk))
+        } else {
+            seconds
+        };
         let (_, finish) = clock.queues.run(
             Resource::Compute(dev),
             start,
