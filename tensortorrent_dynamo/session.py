@@ -37,7 +37,7 @@ from .plan.files import SavedPlan
 from .plan.files import load as load_plan
 from .plan.planner import GraphPlan, Keep, resident_set
 from .profile import HostProfile
-from .run.ops import Segment, direct_segment
+from .run.ops import DirectCall, direct_segment
 from .run.record import RssSampler
 from .run.residents import DiskTier, ResidentCopies
 from .run.runtime import Runtime
@@ -91,9 +91,8 @@ class CompiledGraph:
     # copies where they fit, and makes this graph that plan (``Session.enter``); ``None``
     # once its frame has been planned again, or for a graph that cannot be
     replan: Replan | None = None
-    # the module's one segment, when the schedule only calls it (see ``direct_segment``),
-    # and whether its result is wrapped in a tuple
-    direct: tuple[Segment, bool] | None = dataclasses.field(init=False, default=None)
+    # the module's one segment, when the schedule only calls it (see ``direct_segment``)
+    direct: DirectCall | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.direct = direct_segment(self.module)
@@ -153,9 +152,7 @@ class CompiledGraph:
     def _call(self, args: Sequence[Any]) -> Any:
         if self.direct is None:
             return self.module(*args)
-        segment, wrapped = self.direct
-        out = segment(*args)
-        return (out,) if wrapped else out
+        return self.direct(args)
 
 
 def _collect_compile_garbage(graph_index: int) -> None:
