@@ -5,7 +5,8 @@ mod common;
 
 use common::{accelerator, host, Builder, KIB, MIB};
 use tensortorrent_planner::{
-    exhaustive, simulate, Activity, CostGraph, Device, PlanError, Record, Resource, Tier,
+    exhaustive, simulate, Activity, CostGraph, Device, PlanError, Record, Resource, Simulation,
+    Tier,
 };
 
 fn assert_close(actual: f64, expected: f64) {
@@ -274,18 +275,36 @@ fn each_op_a_node_runs_pays_the_fixed_cost() {
     ));
 }
 
+/// `two_layers` run on the host (`exact_devices`, as `host` sets its disk)
+/// with both weights on disk, streamed, and both reads issued at the start
+/// (depth 2).
+fn both_read_from_disk(host: impl FnOnce(&mut Device)) -> Simulation {
+    let g = two_layers()
+        .with_param_home(vec![Tier::Disk, Tier::Disk])
+        .unwrap();
+    let mut devices = exact_devices();
+    host(&mut devices[0]);
+    simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap()
+}
+
+/// How long node `x` ran in `sim`.
+fn node_seconds(sim: &Simulation, x: u32) -> f64 {
+    let r = records(&sim.timeline, Activity::Node)
+        .into_iter()
+        .find(|r| r.index == x)
+        .unwrap();
+    r.end_s - r.start_s
+}
+
 #[test]
 fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
     // Both weights (1 MB each) on disk at 1 GB/s: 1 ms of transfer each,
     // the second read issued while the first is still in flight.
-    let g = two_layers()
-        .with_param_home(vec![Tier::Disk, Tier::Disk])
-        .unwrap();
     let disk_reads = |latency: f64| {
-        let mut devices = exact_devices();
-        devices[0].disk_bytes_per_s = 1e9;
-        devices[0].disk_latency_s = latency;
-        let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
+        let sim = both_read_from_disk(|host| {
+            host.disk_bytes_per_s = 1e9;
+            host.disk_latency_s = latency;
+        });
         let mut reads = records(&sim.timeline, Activity::Param);
         reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
         assert_eq!(reads.len(), 2);
@@ -313,20 +332,16 @@ fn host_compute_is_slowed_only_while_reads_run() {
     // start (depth 2): the disk is busy until 2 ms. L0 starts at 1 ms, once
     // W0 is in; its first wall millisecond, overlapping W1's read, does half
     // a millisecond of its work at half speed; L1 runs with the disk idle.
-    let g = two_layers()
-        .with_param_home(vec![Tier::Disk, Tier::Disk])
-        .unwrap();
     let run = |slowdown: f64| {
-        let mut devices = exact_devices();
-        devices[0].disk_bytes_per_s = 1e9;
-        devices[0].read_slowdown = slowdown;
-        let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
-        let nodes = records(&sim.timeline, Activity::Node);
-        let took = |x: u32| {
-            let r = nodes.iter().find(|r| r.index == x).unwrap();
-            r.end_s - r.start_s
-        };
-        (took(1), took(2), sim.predicted_time_s)
+        let sim = both_read_from_disk(|host| {
+            host.disk_bytes_per_s = 1e9;
+            host.read_slowdown = slowdown;
+        });
+        (
+            node_seconds(&sim, 1),
+            node_seconds(&sim, 2),
+            sim.predicted_time_s,
+        )
     };
     let (l0, l1, total) = run(1.0);
     assert_close(l0, 1.0);
@@ -342,18 +357,11 @@ fn host_compute_is_slowed_only_while_reads_run() {
 fn a_node_run_wholly_under_reads_is_slowed_throughout() {
     // At 0.5 MB/s W1's read keeps the disk busy for 2 s after W0's: all of
     // L0's 1 s of work, slowed to 1.5 s, overlaps it.
-    let g = two_layers()
-        .with_param_home(vec![Tier::Disk, Tier::Disk])
-        .unwrap();
-    let mut devices = exact_devices();
-    devices[0].disk_bytes_per_s = 5e5;
-    devices[0].read_slowdown = 1.5;
-    let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
-    let l0 = records(&sim.timeline, Activity::Node)
-        .into_iter()
-        .find(|r| r.index == 1)
-        .unwrap();
-    assert_close(l0.end_s - l0.start_s, 1.5);
+    let sim = both_read_from_disk(|host| {
+        host.disk_bytes_per_s = 5e5;
+        host.read_slowdown = 1.5;
+    });
+    assert_close(node_seconds(&sim, 1), 1.5);
 }
 
 /// A view owns no memory but keeps its base's storage alive: a small slice
