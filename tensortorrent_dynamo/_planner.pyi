@@ -93,7 +93,9 @@ class Device:
     ``disk_bytes_per_s`` (a queued read overlaps it; used on the host; 0, the default, is
     not modelled). ``read_slowdown`` is how many times longer the host's compute takes
     while disk reads run: the part of a node's run that overlaps the reads queued so far
-    is slowed (at least 1; 1, the default, is not modelled).
+    is slowed (at least 1; 1, the default, is not modelled). ``class_latency_s`` holds the
+    fixed cost of a node of each rate class from 1 that calls any op, all its ops together;
+    class 0 and the classes it does not list pay ``latency_s`` an op.
     """
 
     def __new__(
@@ -111,6 +113,7 @@ class Device:
         class_flops_per_s: Sequence[float] = ...,
         disk_latency_s: float = ...,
         read_slowdown: float = ...,
+        class_latency_s: Sequence[float] = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -126,6 +129,10 @@ class Device:
         """Compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
         class 0 and unlisted classes run at ``flops_per_s``."""
     @property
+    def class_latency_s(self) -> list[float]:
+        """Fixed cost of a node of each rate class from 1 (class ``c`` at index ``c - 1``),
+        all its ops together; class 0 and unlisted classes pay ``latency_s`` an op."""
+    @property
     def budget_bytes(self) -> int:
         """Memory the plan may use on this device, in bytes."""
     @property
@@ -136,7 +143,8 @@ class Device:
         """Device-to-host copy rate in bytes per second."""
     @property
     def latency_s(self) -> float:
-        """Fixed cost per node, in seconds."""
+        """Fixed cost per op, in seconds (a node of a class ``class_latency_s`` lists pays
+        that instead)."""
     @property
     def mem_bytes_per_s(self) -> float:
         """Device-memory bandwidth in bytes per second (infinite: not modelled)."""

@@ -177,6 +177,22 @@ class CostGraph:
     # the inputs written in place, each with its new value: where they live is planned
     state: tuple[StateRef, ...] = ()
 
+    def rate_keys(self) -> list[tuple[str, int | None, tuple[str, ...]]]:
+        """What each node is costed by besides its FLOPs and bytes (``plan.planner.RateKey``):
+        the dtype its FLOPs run in (float32 for a node with none), the rows of a matmul's
+        result, and the ops it calls (by ``target``; a view of parameters taken where its
+        reader runs is called by the reader), whose fixed costs it pays."""
+        views: dict[int, list[str]] = {}
+        for nid, reader in enumerate(self.runs_with):
+            if reader != nid:
+                views.setdefault(reader, []).append(self.nodes[nid].target)
+        keys = []
+        for nid, node in enumerate(self.nodes):
+            taken = views.get(nid, [])
+            own = (node.target,) if node.op_count > len(taken) else ()
+            keys.append((node.dtype or "float32", node.rows, (*own, *taken)))
+        return keys
+
     @property
     def state_bytes(self) -> int:
         return sum(s.nbytes for s in self.state)
@@ -307,16 +323,17 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
         state_movable: bool = False,
-        rate_classes: Sequence[tuple[str, int | None]] = (),
+        rate_classes: Sequence[tuple[str, int | None, tuple[str, ...]]] = (),
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
         ``disk_allowed`` which host-RAM ones the planner may move to disk (none when
         omitted). With ``state_movable``, the planner may keep the inputs written in place
         (``state``) on an accelerator between calls; else they stay in host memory, as
-        every other graph input does. A node whose ``(dtype, rows)`` is ``rate_classes[k]`` is
-        of rate class ``k + 1`` (costed at each device's rate for it, see
-        ``plan.planner.rate_keys``), any other of class 0 (the float32 rate)."""
+        every other graph input does. A node whose ``rate_keys()`` is ``rate_classes[k]`` is of
+        rate class ``k + 1`` (costed at each device's rate and fixed cost for it, see
+        ``plan.planner.rate_keys``), any other of class 0 (the float32 rate, the device's
+        fixed cost per op)."""
         classes = {key: k + 1 for k, key in enumerate(rate_classes)}
         movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
@@ -343,7 +360,7 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
-            node_rate_class=[classes.get((n.dtype or "float32", n.rows), 0) for n in self.nodes],
+            node_rate_class=[classes.get(key, 0) for key in self.rate_keys()],
             node_ops=[n.op_count for n in self.nodes],
             node_alias=[n.alias for n in self.nodes],
         )
@@ -590,7 +607,10 @@ def _call_kind(node: torch.fx.Node) -> str:
     return "op"
 
 
-def _target_name(node: torch.fx.Node) -> str:
+def op_name(node: torch.fx.Node) -> str:
+    """The name a cost node gives ``node``'s target (``CostNode.target``): an ATen op's
+    ``"addmm.default"``, a function's ``"getitem"``, a submodule's path; the profile's
+    per-op fixed costs are keyed by it (``DeviceFigures.op_latencies``)."""
     if node.op == "call_function":
         return str(getattr(node.target, "__name__", node.target))
     return str(node.target)
@@ -738,7 +758,7 @@ class _Builder:
             self.views_of[node] = views
             self.runs_with[my_id] = next(iter(node.users))
             self.add(
-                node, op=node.op, target=_target_name(node), flops=0.0, inputs=inputs, fallback=None
+                node, op=node.op, target=op_name(node), flops=0.0, inputs=inputs, fallback=None
             )
             return
         fallback: str | None = None
@@ -758,7 +778,7 @@ class _Builder:
         self.add(
             node,
             op=node.op,
-            target=_target_name(node),
+            target=op_name(node),
             flops=flops,
             inputs=sorted(inputs),
             fallback=fallback,

@@ -39,11 +39,12 @@ RATE_DTYPES = ("bfloat16", "float16")
 times faster than a float32 one, and on a GPU a half-precision one faster still. The FLOPs
 of any other dtype are costed at the float32 rate."""
 
-RateKey = tuple[str, int | None]
-"""What a node's FLOPs are costed by: their dtype and, for a matmul, the rows of its result
-(``CostNode.dtype``, ``CostNode.rows``). The native planner knows each as a rate class: class
-0 is ``("float32", None)`` (a device's ``flops_per_s``), class ``k + 1`` the graph's
-``rate_keys(...)[k]``, at each device's :func:`node_rate` for it."""
+RateKey = tuple[str, int | None, tuple[str, ...]]
+"""What a node is costed by besides its FLOPs and bytes (``CostGraph.rate_keys``): the dtype
+of its FLOPs, for a matmul the rows of its result, and the ops it calls. The native planner
+knows each as a rate class: class 0 runs at a device's ``flops_per_s`` and pays its
+``latency_s`` an op, class ``k + 1`` (the graph's ``rate_keys(...)[k]``) at each device's
+:func:`node_rate` for it, paying the device's :func:`fixed_cost` for its ops."""
 
 
 def dtype_rate(device: DeviceProfile, dtype: str) -> float:
@@ -82,27 +83,53 @@ def node_rate(device: DeviceProfile, dtype: str, rows: int | None) -> float:
     return points[-1][1]
 
 
+def op_latency(device: DeviceProfile, op: str) -> float:
+    """The fixed cost ``device`` charges a call of ``op`` (a cost node's ``target``): the
+    profile's figure for that op where it measured one (``DeviceProfile.latency_by_op``),
+    else its fixed cost per op over a model's mix of ops."""
+    return device.latency_by_op.get(op, device.latency_s)
+
+
+def fixed_cost(device: DeviceProfile, ops: Sequence[str]) -> float:
+    """The fixed cost ``device`` charges a node that calls ``ops``: each op's
+    :func:`op_latency`."""
+    return sum(op_latency(device, op) for op in ops)
+
+
 def rate_keys(
     graphs: Sequence[CostGraph | None], devices: Sequence[DeviceProfile]
 ) -> tuple[RateKey, ...]:
-    """The rate keys of the nodes with FLOPs in ``graphs`` that some of ``devices`` runs at
-    another rate than its float32 one, sorted: the rate classes beyond 0 that
-    ``CostGraph.to_native`` numbers from 1 (any other node is of class 0, so a graph whose
-    FLOPs all run at that rate plans and hashes as it did before classes)."""
+    """The rate keys of the nodes in ``graphs`` that some of ``devices`` costs otherwise
+    than a float32 node of no rows (another compute rate for nodes with FLOPs, another
+    fixed cost for nodes that call an op), sorted: the rate classes beyond 0 that
+    ``CostGraph.to_native`` numbers from 1 (any other node is of class 0, so a graph costed
+    throughout at those plans and hashes as it did before classes)."""
     keys = {
-        (node.dtype or "float32", node.rows)
+        key
         for graph in graphs
         if graph is not None
-        for node in graph.nodes
-        if node.flops > 0
+        for node, key in zip(graph.nodes, graph.rate_keys(), strict=True)
+        if node.flops > 0 or node.op_count > 0
     }
-    differ = {k for k in keys if any(node_rate(d, *k) != d.flops_per_s for d in devices)}
-    return tuple(sorted(differ, key=lambda k: (k[0], -1 if k[1] is None else k[1])))
+    differ = {
+        (dtype, rows, ops)
+        for dtype, rows, ops in keys
+        if any(
+            node_rate(d, dtype, rows) != d.flops_per_s or any(op in d.latency_by_op for op in ops)
+            for d in devices
+        )
+    }
+    return tuple(sorted(differ, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])))
 
 
 def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """``device``'s compute rate for each of ``keys`` (rate classes 1, 2, ...)."""
-    return [node_rate(device, dtype, rows) for dtype, rows in keys]
+    return [node_rate(device, dtype, rows) for dtype, rows, _ in keys]
+
+
+def class_latencies(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
+    """The fixed cost ``device`` charges a node of each of ``keys``, all its ops."""
+    return [fixed_cost(device, ops) for _, _, ops in keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +308,7 @@ def native_device_list(
             is_host=d.profile.is_host,
             flops_per_s=d.profile.flops_per_s,
             class_flops_per_s=class_rates(d.profile, keys),
+            class_latency_s=class_latencies(d.profile, keys),
             budget_bytes=d.budget_bytes,
             # the host has no link to itself: its rates are never used
             h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,

@@ -54,6 +54,9 @@ class DeviceProfile:
     )
     """The measured rate of a matmul of few rows, by dtype then rows
     (``DeviceFigures.matmul_rows``); the planner interpolates it (``plan.planner.node_rate``)."""
+    latency_by_op: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
+    """The measured fixed cost of an op, by the name a cost graph gives it
+    (``DeviceFigures.op_latencies``); an op it does not list costs ``latency_s``."""
 
     @property
     def is_host(self) -> bool:
@@ -74,6 +77,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
         for dtype, figures in dev.matmul_rows.items()
     }
     by_rows = {dtype: table for dtype, table in by_rows.items() if table}
+    by_op = {op: f.value for op, f in dev.op_latencies.items() if f.value is not None}
     if dev.kind == "cpu":
         return DeviceProfile(
             name=name,
@@ -87,6 +91,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
             flops_by_dtype=flops,
             memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
             flops_by_rows=by_rows,
+            latency_by_op=by_op,
         )
     h2d, d2h = m.link("h2d pinned", "cpu", name), m.link("d2h pinned", name, "cpu")
     return DeviceProfile(
@@ -100,6 +105,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
         flops_by_dtype=flops,
         memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
         flops_by_rows=by_rows,
+        latency_by_op=by_op,
     )
 
 

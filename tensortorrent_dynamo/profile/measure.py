@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -407,16 +408,22 @@ def memory_bandwidth(device: str, budget: Budget) -> Figure:
 
 
 # the probe of the per-op cost: decoder layers at this width, sequence and depth
-PROBE_WIDTH, PROBE_TOKENS, PROBE_LAYERS = 32, 8, 4
+PROBE_WIDTH, PROBE_TOKENS, PROBE_LAYERS = 32, 8, 3
 
 
-def _probe_layer(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
-    """One decoder layer as the models planned are made of (RMS norms, projections, rotary
-    embedding, attention, a gated MLP), for ``op_latency``."""
+def _probe_layer(x: torch.Tensor, ids: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    """One decoder layer as the models planned are made of, with what their graphs build
+    around it (a token embedding, a causal mask from positions, RMS and layer norms,
+    projections with and without bias, rotary embedding, attention through
+    ``scaled_dot_product_attention`` and spelled out with a softmax, gated and plain
+    activations), for ``op_latency``."""
     import torch.nn.functional as F
 
-    wq, wk, wv, wo, w1, w2, w3, norm, cos, sin = weights
+    wq, wk, wv, wo, w1, w2, w3, bias, norm, table, cos, sin = weights
     b, s, d = x.shape
+    x = x + F.embedding(ids, table)
+    positions = torch.arange(s, device=x.device)
+    mask = torch.where(positions[None, :] <= positions[:, None], 0.0, float("-inf"))
 
     def rms(t: torch.Tensor) -> torch.Tensor:
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * norm
@@ -429,52 +436,121 @@ def _probe_layer(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
         return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
 
     h = rms(x)
-    q, k, v = heads(F.linear(h, wq)), heads(F.linear(h, wk)), heads(F.linear(h, wv))
-    a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+    q, k, v = heads(F.linear(h, wq)), heads(F.linear(h, wk)), heads(F.linear(h, wv, bias))
+    a = F.scaled_dot_product_attention(rope(q), rope(k), v, attn_mask=mask)
     x = x + F.linear(a.transpose(1, 2).reshape(b, s, d), wo)
-    h = rms(x)
-    return x + F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2)
+    h = F.layer_norm(x, (d,), norm, bias)
+    scores = torch.softmax(h @ h.transpose(1, 2) / 8.0, dim=-1)
+    x = x + torch.relu(scores @ h)
+    return x + F.linear(F.silu(F.linear(h, w1)) * F.gelu(F.linear(h, w3)), w2)
 
 
-def op_latency(device: str, budget: Budget) -> Figure:
-    """Time per op of the aten graph of a few tiny decoder layers (``_probe_layer``): the
-    fixed cost of one operation as an eager segment pays it, over the mix of ops models are
-    made of (views, matmuls, elementwise ops, reductions, attention; each the generated
-    code's call, the dispatch, allocating the output; on an accelerator, the launch). On the
-    2-core development machine: 4.8 us an op, where a row of one-element ``aten.add``
-    measured 2.4-2.7 us and a small Llama's graph ran at 5-6 us an op."""
-    import operator
-
+def _probe_graph(device: str) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """The aten graph of ``PROBE_LAYERS`` probe layers and its arguments on ``device``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     d, s = PROBE_WIDTH, PROBE_TOKENS
-    shapes = [(1, s, d), *[(d, d)] * 4, (2 * d, d), (d, 2 * d), (2 * d, d), (d,)]
-    shapes += [(s, d // 4)] * 2
+    shapes = [(1, s, d), *[(d, d)] * 4, (2 * d, d), (d, 2 * d), (2 * d, d), (d,), (d,)]
+    shapes += [(16, d), (s, d // 4), (s, d // 4)]
     args = [torch.randn(shape, device=device) for shape in shapes]
+    args.insert(1, torch.arange(s, device=device).remainder(16).view(1, s))
 
-    def layers(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    def layers(x: torch.Tensor, ids: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
         for _ in range(PROBE_LAYERS):
-            x = _probe_layer(x, *weights)
+            x = _probe_layer(x, ids, *weights)
         return x
 
     with torch.no_grad():
-        graph = direct_calls(make_fx(layers)(*args))  # as an eager segment runs
-        ops = sum(
-            1
+        return make_fx(layers)(*args), args
+
+
+@dataclasses.dataclass
+class OpProbe:
+    """The per-op cost of ``device``, measured on the probe graph (``_probe_graph``) as an
+    eager segment runs it (direct calls): ``latency`` times the graph as a whole, each
+    call's time over its ops; after it, ``per_op`` holds each op's own fixed cost (on the
+    host; an accelerator's ops are queued, and timing one alone would time its launch and
+    a wait)."""
+
+    device: str
+    budget: Budget
+    per_op: dict[str, Figure] = dataclasses.field(default_factory=dict)
+
+    def latency(self) -> Figure:
+        """Time per op of the probe graph: the fixed cost of one operation as an eager
+        segment pays it, over the mix of ops models are made of (each the generated code's
+        call, the dispatch, allocating the output; on an accelerator, the launch). On the
+        2-core development machine: 3.5 us an op, where a row of one-element ``aten.add``
+        measured 2.4-2.7 us and a small Llama's graph ran at 3.5-4 us an op."""
+        import operator
+
+        from ..cost_graph import op_name
+
+        gm, args = _probe_graph(self.device)
+        graph = direct_calls(gm)  # as an eager segment runs
+        names = {n.name: op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
+        nodes = [
+            n
             for n in graph.graph.nodes
             if n.op == "call_function" and n.target is not operator.getitem
+        ]
+        with torch.no_grad():
+            per_call, calls = time_per_call(
+                lambda: graph(*args), _sync((self.device,)), self.budget
+            )
+            if self.device == "cpu":
+                self.per_op = self._each_op(graph, args, names, per_call)
+        return Figure(
+            value=per_call / len(nodes),
+            unit="s",
+            method=(
+                f"the aten graph of {PROBE_LAYERS} decoder layers of width {PROBE_WIDTH} at "
+                f"{PROBE_TOKENS} tokens ({len(nodes)} ops: views, matmuls, elementwise ops, "
+                f"norms, masks, embedding, attention) on {self.device}, time per call / "
+                f"{len(nodes)}; {_how(self.budget, calls)}{_threads(self.device)}"
+            ),
         )
-        per_call, calls = time_per_call(lambda: graph(*args), _sync((device,)), budget)
-    return Figure(
-        value=per_call / ops,
-        unit="s",
-        method=(
-            f"the aten graph of {PROBE_LAYERS} decoder layers of width {d} at {s} tokens "
-            f"({ops} ops: views, matmuls, elementwise ops, norms, rotary embedding, "
-            f"attention) on {device}, time per call / {ops}; "
-            f"{_how(budget, calls)}{_threads(device)}"
-        ),
-    )
+
+    def _each_op(
+        self,
+        graph: torch.fx.GraphModule,
+        args: list[torch.Tensor],
+        names: dict[str, str],
+        per_call: float,
+    ) -> dict[str, Figure]:
+        """Each op of ``graph`` timed on its own, as the graph runs: the median of its
+        passes, scaled so that the ops of a pass add up to ``per_call`` (which takes out the
+        clock's own cost); by op name, the median over its nodes."""
+        passes = max(5, self.budget.repeats * 6)
+        times: dict[torch.fx.Node, list[float]] = {}
+        clock = time.perf_counter
+        for _ in range(passes):
+            env: dict[torch.fx.Node, Any] = {}
+            given = iter(args)
+            for node in graph.graph.nodes:
+                if node.op == "placeholder":
+                    env[node] = next(given)
+                elif node.op == "call_function":
+                    call_args = torch.fx.node.map_arg(node.args, env.__getitem__)
+                    call_kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+                    start = clock()
+                    env[node] = node.target(*call_args, **call_kwargs)
+                    times.setdefault(node, []).append(clock() - start)
+        medians = {node: statistics.median(t) for node, t in times.items()}
+        scale = per_call / sum(medians.values())
+        by_op: dict[str, list[float]] = {}
+        for node, median in medians.items():
+            if names.get(node.name, "getitem") != "getitem":
+                by_op.setdefault(names[node.name], []).append(median * scale)
+        method = (
+            f"each op of the op latency's probe graph timed alone as the graph runs, median "
+            f"of {passes} passes, scaled so that a pass adds up to the graph's time per call "
+            f"(x{scale:.2f}); the median over the op's nodes{_threads(self.device)}"
+        )
+        return {
+            name: Figure(value=statistics.median(t), unit="s", method=f"{method} ({len(t)})")
+            for name, t in sorted(by_op.items())
+        }
 
 
 def copy_bandwidth(src_device: str, dst_device: str, pinned: bool, budget: Budget) -> Figure:
@@ -602,7 +678,9 @@ def _flag_slow(matmul: dict[str, Figure], device: str) -> dict[str, Figure]:
     return out
 
 
-def _device_figures(name: str, results: dict[tuple[str, ...], Figure]) -> DeviceFigures:
+def _device_figures(
+    name: str, results: dict[tuple[str, ...], Figure], op_latencies: dict[str, Figure]
+) -> DeviceFigures:
     if name == "cpu":
         description = f"{cpu_model()}, {psutil.cpu_count(logical=True)} logical cores"
         memory = Figure(float(psutil.virtual_memory().total), "B", "psutil.virtual_memory().total")
@@ -625,6 +703,7 @@ def _device_figures(name: str, results: dict[tuple[str, ...], Figure]) -> Device
         memory_bandwidth=results[("bandwidth", name)],
         op_latency=results[("latency", name)],
         matmul_rows=_rows_results(name, results),
+        op_latencies=op_latencies,
     )
 
 
@@ -667,6 +746,7 @@ def measure_host(
     load = _load_figure()
     cuda = detect_cuda_devices()
     steps: list[_Step] = []
+    probes: dict[str, OpProbe] = {}
     for dev in ["cpu", *cuda]:
         for dt in budget.dtypes:
             run = functools.partial(matmul_flops, dev, dt, budget)
@@ -679,8 +759,8 @@ def measure_host(
                 steps.append(_Step(rows_key, label, "FLOP/s", run))
         run = functools.partial(memory_bandwidth, dev, budget)
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
-        run = functools.partial(op_latency, dev, budget)
-        steps.append(_Step(("latency", dev), f"{dev} op latency", "s", run))
+        probes[dev] = OpProbe(dev, budget)
+        steps.append(_Step(("latency", dev), f"{dev} op latency", "s", probes[dev].latency))
     link_steps, absent_links = _plan_links(cuda, mode)
     bench, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
     # The disk goes first: measured after the CPU steps, its reads came out up to twice as
@@ -720,7 +800,7 @@ def measure_host(
         duration=Figure(time.perf_counter() - started, "s", "wall time of the whole measurement"),
         load=load,
         fingerprint=current_fingerprint(),
-        devices=tuple(_device_figures(dev, results) for dev in ["cpu", *cuda]),
+        devices=tuple(_device_figures(dev, results, probes[dev].per_op) for dev in ["cpu", *cuda]),
         links=tuple(links + absent_links),
         disk=disk,
     )

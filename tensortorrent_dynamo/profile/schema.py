@@ -17,12 +17,14 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 4
+METHODS_REVISION = 5
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
 every figure is timed with the Python dispatcher off, also inside a compile; 4: the compute
-slowdown's reads are verified as the runtime's are): a cached short profile of an older
+slowdown's reads are verified as the runtime's are; 5: the op latency's probe builds masks,
+embeds tokens and runs norms and activations as models' graphs do, and each of its ops is
+timed too, ``DeviceFigures.op_latencies``): a cached short profile of an older
 revision is measured again. A file without one is revision 1."""
 
 Mode = Literal["nominal", "short", "quick", "full"]
@@ -158,6 +160,11 @@ class DeviceFigures:
     too large for the caches), by dtype name then rows: a linear layer at a small batch reads
     its weight for few FLOPs and runs far below the square rate. Empty in profiles measured
     before it was."""
+    op_latencies: Mapping[str, Figure] = dataclasses.field(default_factory=dict)
+    """The fixed cost of each op of the probe ``op_latency`` is the mean of, by the name a
+    cost graph gives its target (``"addmm.default"``): an attention call or a concatenation
+    costs several times a view. Empty where not measured (an accelerator, whose ops are
+    timed as a launch), and in profiles measured before it was."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +179,7 @@ class DeviceFigures:
                 dtype: {str(rows): fig.to_dict() for rows, fig in by_rows.items()}
                 for dtype, by_rows in self.matmul_rows.items()
             },
+            "op_latencies": {op: fig.to_dict() for op, fig in self.op_latencies.items()},
         }
 
     @classmethod
@@ -189,6 +197,12 @@ class DeviceFigures:
             ),
             op_latency=Figure.from_dict(data.get("op_latency"), f"{where}.op_latency"),
             matmul_rows=_rows_figures(data.get("matmul_rows", {}), f"{where}.matmul_rows"),
+            op_latencies={
+                str(op): Figure.from_dict(fig, f"{where}.op_latencies.{op}")
+                for op, fig in _mapping(
+                    data.get("op_latencies", {}), f"{where}.op_latencies"
+                ).items()
+            },
         )
 
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from ..plan.planner import (
     RATE_DTYPES,
-    RateKey,
     dtype_rate,
     node_rate,
+    op_latency,
     resident_set,
     rows_table,
 )
@@ -87,7 +87,7 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
     """Which compute rate the FLOPs of each dtype, and of matmuls of each count of rows,
     were costed at, per device (the "compute" column is the float32 square-matmul rate);
     nothing for float32 FLOPs all costed at that."""
-    flops: dict[RateKey, float] = {}
+    flops: dict[tuple[str, int | None], float] = {}
     for graph in graphs:
         for node in graph.plan.cost.nodes:
             if node.flops > 0:
@@ -125,14 +125,27 @@ def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
         and node.bytes_accessed == 0
         and node.target != "getitem"
     )
-    costs = ", ".join(
-        f"{planned.profile.name} {format_seconds(planned.profile.latency_s)}"
-        for planned in graphs[0].plan.devices
-    )
+    called = {
+        node.target for graph in graphs for node in graph.plan.cost.nodes if node.op_count > 0
+    }
+    costs = ", ".join(_op_costs(planned.profile, called) for planned in graphs[0].plan.devices)
     return [
         f"  ops: {ops} (each graph once; {views} views or other ops moving no bytes), each "
         f"costed a fixed {costs} beyond its FLOPs or bytes"
     ]
+
+
+def _op_costs(dev: DeviceProfile, called: set[str]) -> str:
+    """The fixed cost ``dev`` charges an op, and where the profile measured the ops
+    ``called`` (by name) one by one, for how many and their range."""
+    own = sorted(op_latency(dev, op) for op in called if op in dev.latency_by_op)
+    text = f"{dev.name} {format_seconds(dev.latency_s)}"
+    if own:
+        text += (
+            f" (its own for {len(own)} of the {len(called)} kinds of op called: "
+            f"{format_seconds(own[0])} to {format_seconds(own[-1])})"
+        )
+    return text
 
 
 def _device_rates(dev: DeviceProfile, dtype: str, by_rows: dict[int | None, float]) -> str:

@@ -27,6 +27,7 @@ impl PyDevice {
         class_flops_per_s = Vec::new(),
         disk_latency_s = 0.0,
         read_slowdown = 1.0,
+        class_latency_s = Vec::new(),
     ))]
     fn new(
         name: String,
@@ -41,6 +42,7 @@ impl PyDevice {
         class_flops_per_s: Vec<f64>,
         disk_latency_s: f64,
         read_slowdown: f64,
+        class_latency_s: Vec<f64>,
     ) -> Self {
         Self {
             inner: Device {
@@ -48,6 +50,7 @@ impl PyDevice {
                 is_host,
                 flops_per_s,
                 class_flops_per_s,
+                class_latency_s,
                 budget_bytes,
                 h2d_bytes_per_s,
                 d2h_bytes_per_s,
@@ -83,6 +86,14 @@ impl PyDevice {
     #[getter]
     fn class_flops_per_s(&self) -> Vec<f64> {
         self.inner.class_flops_per_s.clone()
+    }
+
+    /// Fixed cost of a node of each rate class from 1 (class `c` at index
+    /// `c - 1`), all its ops together; class 0 and unlisted classes pay
+    /// `latency_s` an op.
+    #[getter]
+    fn class_latency_s(&self) -> Vec<f64> {
+        self.inner.class_latency_s.clone()
     }
 
     /// Memory the plan may use on this device, in bytes.
@@ -141,7 +152,7 @@ impl PyDevice {
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -157,6 +168,13 @@ impl PyDevice {
                 let rates: Vec<String> =
                     d.class_flops_per_s.iter().map(|&r| float_repr(r)).collect();
                 format!(", class_flops_per_s=[{}]", rates.join(", "))
+            },
+            if d.class_latency_s.is_empty() {
+                String::new()
+            } else {
+                let latencies: Vec<String> =
+                    d.class_latency_s.iter().map(|&r| float_repr(r)).collect();
+                format!(", class_latency_s=[{}]", latencies.join(", "))
             },
             if d.disk_latency_s > 0.0 {
                 format!(", disk_latency_s={}", float_repr(d.disk_latency_s))

@@ -18,6 +18,13 @@ pub struct Device {
     /// index `c - 1`: a node's class names the rate its FLOPs run at (on the
     /// host, a bfloat16 matmul is not a float32 one). Empty: one rate.
     pub class_flops_per_s: Vec<f64>,
+    /// The fixed cost of a node of each further rate class (class `c` at
+    /// index `c - 1`) that calls any op, all its ops together, in seconds:
+    /// what its ops measured at a size where they move and compute next to
+    /// nothing (an attention call costs more than a view). Nodes of class 0
+    /// and of the classes it does not list pay `latency_s` an op. Empty: one
+    /// fixed cost for every op.
+    pub class_latency_s: Vec<f64>,
     /// Memory the plan may use on this device, in bytes.
     pub budget_bytes: u64,
     /// Host-to-device copy rate in bytes per second (ignored for the host).
@@ -65,6 +72,7 @@ impl Device {
             is_host,
             flops_per_s,
             class_flops_per_s: Vec::new(),
+            class_latency_s: Vec::new(),
             budget_bytes,
             h2d_bytes_per_s,
             d2h_bytes_per_s,
@@ -93,11 +101,25 @@ impl Device {
             .unwrap_or(self.flops_per_s)
     }
 
+    /// The fixed cost of a node of rate class `class` that calls `ops` ops:
+    /// its class's (see `class_latency_s`), else `latency_s` an op.
+    #[must_use]
+    pub fn fixed_cost(&self, class: u32, ops: u32) -> f64 {
+        if ops == 0 {
+            return 0.0;
+        }
+        (class as usize)
+            .checked_sub(1)
+            .and_then(|i| self.class_latency_s.get(i))
+            .copied()
+            .unwrap_or(f64::from(ops) * self.latency_s)
+    }
+
     /// Seconds this device needs to run a node of `flops` operations of
     /// rate class `class` that moves `bytes` through device memory in `ops`
-    /// ops: the slower of compute and memory traffic, plus the fixed latency
-    /// of each op. A node that computes, moves and runs nothing (a graph
-    /// input) takes no time.
+    /// ops: the slower of compute and memory traffic, plus the node's fixed
+    /// cost (`fixed_cost`). A node that computes, moves and calls nothing (a
+    /// graph input) takes no time.
     #[must_use]
     pub fn node_time(&self, flops: f64, bytes: u64, class: u32, ops: u32) -> f64 {
         let compute = if flops == 0.0 {
@@ -106,7 +128,7 @@ impl Device {
             flops / self.class_rate(class)
         };
         let traffic = bytes as f64 / self.mem_bytes_per_s;
-        compute.max(traffic) + f64::from(ops) * self.latency_s
+        compute.max(traffic) + self.fixed_cost(class, ops)
     }
 
     /// Wall seconds of `seconds` of this device's work started at `start`
@@ -185,6 +207,17 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
         {
             return Err(invalid(format!(
                 "device {i} ({:?}) has class_flops_per_s[{c}] = {rate}; it must be positive",
+                d.name
+            )));
+        }
+        if let Some((c, latency)) = d
+            .class_latency_s
+            .iter()
+            .enumerate()
+            .find(|(_, l)| !(l.is_finite() && **l >= 0.0))
+        {
+            return Err(invalid(format!(
+                "device {i} ({:?}) has class_latency_s[{c}] = {latency}; it must be finite and non-negative",
                 d.name
             )));
         }

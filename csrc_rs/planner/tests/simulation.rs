@@ -275,6 +275,35 @@ fn each_op_a_node_runs_pays_the_fixed_cost() {
     ));
 }
 
+#[test]
+fn a_node_of_a_class_with_a_fixed_cost_pays_it_for_all_its_ops() {
+    let mut devices = exact_devices();
+    devices[0].latency_s = 0.5;
+    // Class 1 (the first layer's) costs 0.25 s, all its ops together; class
+    // 2 is not listed.
+    devices[0].class_latency_s = vec![0.25];
+    let g = two_layers()
+        .with_node_rate_class(vec![0, 1, 2])
+        .unwrap()
+        .with_node_ops(vec![0, 3, 1])
+        .unwrap();
+    let sim = simulate(&g, &devices, &[0, 0, 0], &[false; 2], 1).unwrap();
+    // The first layer: its class's 0.25 for its three ops; the second: the
+    // device's 0.5 for its one; the input nothing.
+    assert_close(node_seconds(&sim, 1), 1.0 + 0.25);
+    assert_close(node_seconds(&sim, 2), 1.0 + 0.5);
+    assert_close(sim.predicted_time_s, 2.0 + 0.25 + 0.5);
+    // The planner's hash tells the two fixed costs apart.
+    let hash = |devices: &[Device]| {
+        tensortorrent_planner::plan(&g, devices, tensortorrent_planner::Objective::Latency, true)
+            .unwrap()
+            .plan_hash
+    };
+    let mut other = devices.clone();
+    other[0].class_latency_s = vec![0.3];
+    assert_ne!(hash(&devices), hash(&other));
+}
+
 /// `two_layers` run on the host (`exact_devices`, as `host` sets its disk)
 /// with both weights on disk, streamed, and both reads issued at the start
 /// (depth 2).

@@ -221,6 +221,9 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut late = accelerator("a", 1);
     late.latency_s = -1.0;
     assert!(device_error(&[host(1), late]).contains("latency_s = -1"));
+    let mut odd = accelerator("a", 1);
+    odd.class_latency_s = vec![1e-6, -1.0];
+    assert!(device_error(&[host(1), odd]).contains("class_latency_s[1] = -1"));
     let mut quick = host(1);
     quick.read_slowdown = 0.5;
     assert!(device_error(&[quick]).contains("read_slowdown = 0.5"));

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from tensortorrent_dynamo._native import native_planner
+from tensortorrent_dynamo.cost_graph import build_cost_graph
+from tensortorrent_dynamo.functional import capture as functional_capture
 from tensortorrent_dynamo.plan.planner import (
     PlannedDevice,
+    class_latencies,
     class_rates,
     native_device_list,
     node_rate,
@@ -21,7 +24,10 @@ from tests.unit.cost_graph.test_cost_graph import capture
 
 
 def _host(
-    bf16_rate: float | None, by_rows: dict[str, dict[int, float]] | None = None
+    bf16_rate: float | None,
+    by_rows: dict[str, dict[int, float]] | None = None,
+    latency_s: float = 0.0,
+    latency_by_op: dict[str, float] | None = None,
 ) -> DeviceProfile:
     rates = {"float32": 1e9, **({"bfloat16": bf16_rate} if bf16_rate else {})}
     return DeviceProfile(
@@ -31,9 +37,10 @@ def _host(
         flops_per_s=1e9,
         h2d_bytes_per_s=float("inf"),
         d2h_bytes_per_s=float("inf"),
-        latency_s=0.0,
+        latency_s=latency_s,
         flops_by_dtype=rates,
         flops_by_rows=by_rows or {},
+        latency_by_op=latency_by_op or {},
     )
 
 
@@ -54,7 +61,7 @@ def _predicted(
 
 
 def test_a_devices_rate_per_dtype_is_what_its_nodes_are_costed_at() -> None:
-    keys = [("bfloat16", None), ("float16", None)]
+    keys = [("bfloat16", None, ("mm.default",)), ("float16", None, ("mm.default",))]
     assert class_rates(_host(4e9), keys) == [4e9, 1e9], "float16 unmeasured: float32's"
     unmeasured, measured = _predicted(None), _predicted(4e9)
     flops = 2 * 2 * 64 * 512 * 512
@@ -80,9 +87,38 @@ def test_a_small_batch_matmul_is_costed_at_the_rate_of_its_rows() -> None:
     model = mlp(512, 2)
     (graph,) = capture(model, torch.randn(4, 512))
     assert {n.rows for n in graph.nodes if n.flops > 0} == {4}
-    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4),)
+    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4, ("linear",)),)
     assert rate_keys([graph], [_host(None)]) == (), "every FLOP at the float32 rate"
     square = _predicted(None, dtype=torch.float32, batch=4)
     by_rows = _predicted(None, ROWS, dtype=torch.float32, batch=4)
     # at 4 rows the matmuls run at 4e7 FLOP/s, 25x below the square rate
     assert by_rows > 20 * square, (by_rows, square)
+
+
+def test_each_op_pays_the_fixed_cost_measured_for_it() -> None:
+    """A node pays the profile's figure for each op it calls (the weight's transpose
+    included, called where its matmul runs), an op without one the device's figure per op;
+    a profile without figures by op plans with one figure for every op, as before them."""
+    ((gm, inputs),) = functional_capture(mlp(512, 2), torch.randn(4, 512))
+    graph = build_cost_graph(gm, inputs.values, inputs.params)
+    calls = {ops for _, _, ops in graph.rate_keys() if ops}
+    assert calls == {("addmm.default", "t.default"), ("relu.default",)}, calls
+    one_cost = _host(None, latency_s=1.0)
+    assert rate_keys([graph], [one_cost]) == ()
+    by_op = _host(None, latency_s=1.0, latency_by_op={"addmm.default": 3.0, "t.default": 0.5})
+    keys = rate_keys([graph], [by_op])
+    assert [ops for _, _, ops in keys] == [("addmm.default", "t.default")], keys
+    assert class_latencies(by_op, keys) == [3.5]
+
+    def predicted(host: DeviceProfile) -> float:
+        profile = HostProfile(devices=(host,), source="test")
+        keys = rate_keys([graph], [host])
+        devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, graph, keys)
+        native = native_planner().plan(graph.to_native(rate_classes=keys), devices, "latency", True)
+        return float(native.predicted_time_s)
+
+    # two layers of addmm + t (2 s each at one figure, 3.5 s by op) and relu (1 s), and
+    # 2 * 2 * 4 * 512^2 FLOPs at 1e9 FLOP/s
+    flops_s = 2 * 2 * 4 * 512**2 / 1e9
+    assert predicted(one_cost) == pytest.approx(6.0 + flops_s, rel=1e-6)
+    assert predicted(by_op) == pytest.approx(9.0 + flops_s, rel=1e-6)

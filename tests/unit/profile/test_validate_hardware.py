@@ -212,3 +212,15 @@ def test_unwritable_offload_dir_is_refused_clearly(
     assert f"offload dir {offload} is not writable" in err
     assert "Traceback" not in err
     assert not (tmp_path / "cache").exists(), "nothing was measured or cached"
+
+
+def test_each_op_of_the_probe_has_a_fixed_cost_of_its_own(run: Run) -> None:
+    """The host's figures by op name the probe's ops as cost graphs name them, each a
+    plausible fixed cost (a view cheaper than a norm), and the planner reads them."""
+    cpu = next(d for d in run.report["devices"] if d["name"] == "cpu")
+    by_op = {op: fig["value"] for op, fig in cpu["op_latencies"].items()}
+    assert {"mm.default", "view.default", "cat.default", "native_layer_norm.default"} <= set(by_op)
+    assert all(0 < value < 1e-3 for value in by_op.values()), by_op
+    assert by_op["t.default"] < by_op["native_layer_norm.default"], by_op
+    profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
+    assert dict(profile.device("cpu").latency_by_op) == by_op

@@ -506,6 +506,14 @@ impl Planner {
             for d in devices {
                 h.f64s(&d.class_flops_per_s);
             }
+            // hashed only where given, so that plans made without them keep
+            // their hashes
+            if devices.iter().any(|d| !d.class_latency_s.is_empty()) {
+                h.str("class_latency_s");
+                for d in devices {
+                    h.f64s(&d.class_latency_s);
+                }
+            }
         }
         if let Some(ops) = g.explicit_node_ops() {
             h.str("node_ops");
