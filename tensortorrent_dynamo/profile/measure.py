@@ -548,7 +548,7 @@ class OpProbe:
             f"(x{scale:.2f}); the median over the op's nodes{_threads(self.device)}"
         )
         return {
-            name: Figure(value=statistics.median(t), unit="s", method=f"{method} ({len(t)})")
+            name: Figure(statistics.median(t), "s", f"{method}: {len(t)} node(s)")
             for name, t in sorted(by_op.items())
         }
 

@@ -125,9 +125,7 @@ def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
         and node.bytes_accessed == 0
         and node.target != "getitem"
     )
-    called = {
-        node.target for graph in graphs for node in graph.plan.cost.nodes if node.op_count > 0
-    }
+    called = {op for graph in graphs for _, _, ops in graph.plan.cost.rate_keys() for op in ops}
     costs = ", ".join(_op_costs(planned.profile, called) for planned in graphs[0].plan.devices)
     return [
         f"  ops: {ops} (each graph once; {views} views or other ops moving no bytes), each "
@@ -142,8 +140,8 @@ def _op_costs(dev: DeviceProfile, called: set[str]) -> str:
     text = f"{dev.name} {format_seconds(dev.latency_s)}"
     if own:
         text += (
-            f" (its own for {len(own)} of the {len(called)} kinds of op called: "
-            f"{format_seconds(own[0])} to {format_seconds(own[-1])})"
+            f", or the op's own where measured ({len(own)} of the {len(called)} kinds of op "
+            f"called: {format_seconds(own[0])} to {format_seconds(own[-1])})"
         )
     return text
 

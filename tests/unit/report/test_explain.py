@@ -110,3 +110,25 @@ def test_the_ops_line_counts_the_ops_and_names_each_devices_cost_per_op() -> Non
     assert sum(n.op_count for n in nodes) == 3 * 3
     assert line.startswith("  ops: 9 (each graph once; 3 views or other ops moving no bytes)")
     assert "a fixed cpu " in line and "virtual:0 1.0 us beyond" in line
+
+
+def test_the_fixed_cost_of_ops_measured_one_by_one_is_shown_with_its_range() -> None:
+    from tensortorrent_dynamo.profile import DeviceProfile
+    from tensortorrent_dynamo.report.explain import _op_costs
+
+    host = DeviceProfile(
+        name="cpu",
+        kind="cpu",
+        memory_bytes=1 << 30,
+        flops_per_s=1e9,
+        h2d_bytes_per_s=float("inf"),
+        d2h_bytes_per_s=float("inf"),
+        latency_s=3e-6,
+        latency_by_op={"addmm.default": 4e-6, "t.default": 1.5e-6, "gelu.default": 1e-5},
+    )
+    called = {"addmm.default", "t.default", "index.Tensor"}
+    assert _op_costs(host, called) == (
+        "cpu 3.0 us, or the op's own where measured (2 of the 3 kinds of op called: "
+        "1.5 us to 4.0 us)"
+    )
+    assert _op_costs(host, {"index.Tensor"}) == "cpu 3.0 us"
