@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 import os
 import re
@@ -177,11 +178,13 @@ class CostGraph:
     # the inputs written in place, each with its new value: where they live is planned
     state: tuple[StateRef, ...] = ()
 
-    def rate_keys(self) -> list[tuple[str, int | None, tuple[str, ...]]]:
+    def rate_keys(self) -> list[tuple[str, int | None, int | None, tuple[str, ...]]]:
         """What each node is costed by besides its FLOPs and bytes (``plan.planner.RateKey``):
         the dtype its FLOPs run in (float32 for a node with none), the rows of a matmul's
-        result, and the ops it calls (by ``target``; a view of parameters taken where its
-        reader runs is called by the reader), whose fixed costs it pays."""
+        result and the width of its weight (the square root of its FLOPs over twice its
+        rows: of the product of the weight's two sizes), and the ops it calls (by
+        ``target``; a view of parameters taken where its reader runs is called by the
+        reader), whose fixed costs it pays."""
         views: dict[int, list[str]] = {}
         for nid, reader in enumerate(self.runs_with):
             if reader != nid:
@@ -190,7 +193,8 @@ class CostGraph:
         for nid, node in enumerate(self.nodes):
             taken = views.get(nid, [])
             own = (node.target,) if node.op_count > len(taken) else ()
-            keys.append((node.dtype or "float32", node.rows, (*own, *taken)))
+            width = round(math.sqrt(node.flops / (2 * node.rows))) if node.rows else None
+            keys.append((node.dtype or "float32", node.rows, width or None, (*own, *taken)))
         return keys
 
     @property
@@ -323,7 +327,7 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
         state_movable: bool = False,
-        rate_classes: Sequence[tuple[str, int | None, tuple[str, ...]]] = (),
+        rate_classes: Sequence[tuple[str, int | None, int | None, tuple[str, ...]]] = (),
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and

@@ -39,9 +39,10 @@ RATE_DTYPES = ("bfloat16", "float16")
 times faster than a float32 one, and on a GPU a half-precision one faster still. The FLOPs
 of any other dtype are costed at the float32 rate."""
 
-RateKey = tuple[str, int | None, tuple[str, ...]]
+RateKey = tuple[str, int | None, int | None, tuple[str, ...]]
 """What a node is costed by besides its FLOPs and bytes (``CostGraph.rate_keys``): the dtype
-of its FLOPs, for a matmul the rows of its result, and the ops it calls. The native planner
+of its FLOPs, for a matmul the rows of its result and the width of its weight, and the ops
+it calls. The native planner
 knows each as a rate class: class 0 runs at a device's ``flops_per_s`` and pays its
 ``latency_s`` an op, class ``k + 1`` (the graph's ``rate_keys(...)[k]``) at each device's
 :func:`node_rate` for it, paying the device's :func:`fixed_cost` for its ops."""
@@ -64,23 +65,59 @@ def rows_table(device: DeviceProfile, dtype: str) -> Mapping[int, float]:
     return device.flops_by_rows.get(dtype, {})
 
 
-def node_rate(device: DeviceProfile, dtype: str, rows: int | None) -> float:
+def _log_interp(points: Sequence[tuple[int, float]], x: int) -> float:
+    """``points`` (sorted by x) interpolated at ``x``, linearly in log x and log value; the
+    nearest point's value beyond them."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (low, low_value), (high, high_value) in itertools.pairwise(points):
+        if x <= high:
+            share = math.log(x / low) / math.log(high / low)
+            return math.exp(math.log(low_value) + share * math.log(high_value / low_value))
+    return points[-1][1]
+
+
+def node_rate(
+    device: DeviceProfile, dtype: str, rows: int | None, width: int | None = None
+) -> float:
     """The rate ``device`` runs FLOPs of ``dtype`` at, in a matmul whose result has ``rows``
     rows (``None``: not a matmul): interpolated, linearly in log rows and log rate, between
     the rows the profile measured (``DeviceProfile.flops_by_rows``), the nearest one's
     beyond them; :func:`dtype_rate` where they were not measured. A linear layer at batch 1
     reads its whole weight for two FLOPs per weight and runs at a tenth of the square rate
-    or less."""
+    or less. A matmul by weights wider than those rates were measured with (``width``: the
+    square root of its weight's elements) runs at them times :func:`width_factor`."""
     points = sorted(rows_table(device, dtype).items())
     if rows is None or not points:
         return dtype_rate(device, dtype)
-    if rows <= points[0][0]:
-        return points[0][1]
-    for (low, low_rate), (high, high_rate) in itertools.pairwise(points):
-        if rows <= high:
-            share = math.log(rows / low) / math.log(high / low)
-            return math.exp(math.log(low_rate) + share * math.log(high_rate / low_rate))
-    return points[-1][1]
+    return _log_interp(points, rows) * width_factor(device, rows, width)
+
+
+def width_factor(device: DeviceProfile, rows: int, width: int | None) -> float:
+    """How much faster (above 1) or slower a matmul of ``rows`` rows by a weight of
+    ``width`` squared elements runs than by the weights ``device``'s rates by rows were
+    measured with: float32's rate at the measured widths (``flops_by_rows_wide``) over its
+    rate at ``rows_width`` (at the most rows measured wide, for more), interpolated in log
+    width; 1 at or below ``rows_width``, or where no wider rates were measured."""
+    base = sorted(device.flops_by_rows.get("float32", {}).items())
+    wider = sorted(
+        (w, sorted(table["float32"].items()))
+        for w, table in device.flops_by_rows_wide.items()
+        if table.get("float32")
+    )
+    if (
+        width is None
+        or device.rows_width is None
+        or width <= device.rows_width
+        or not base
+        or not wider
+    ):
+        return 1.0
+    factors = [(device.rows_width, 1.0)]
+    for w, table in wider:
+        at = min(rows, table[-1][0])  # beyond its rows: the factor at its last
+        factors.append((w, _log_interp(table, at) / _log_interp(base, at)))
+    return _log_interp(factors, width)
 
 
 def op_latency(device: DeviceProfile, op: str) -> float:
@@ -112,24 +149,30 @@ def rate_keys(
         if node.flops > 0 or node.op_count > 0
     }
     differ = {
-        (dtype, rows, ops)
-        for dtype, rows, ops in keys
+        (dtype, rows, width, ops)
+        for dtype, rows, width, ops in keys
         if any(
-            node_rate(d, dtype, rows) != d.flops_per_s or any(op in d.latency_by_op for op in ops)
+            node_rate(d, dtype, rows, width) != d.flops_per_s
+            or any(op in d.latency_by_op for op in ops)
             for d in devices
         )
     }
-    return tuple(sorted(differ, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])))
+    return tuple(
+        sorted(
+            differ,
+            key=lambda k: (k[0], -1 if k[1] is None else k[1], -1 if k[2] is None else k[2], k[3]),
+        )
+    )
 
 
 def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """``device``'s compute rate for each of ``keys`` (rate classes 1, 2, ...)."""
-    return [node_rate(device, dtype, rows) for dtype, rows, _ in keys]
+    return [node_rate(device, dtype, rows, width) for dtype, rows, width, _ in keys]
 
 
 def class_latencies(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """The fixed cost ``device`` charges a node of each of ``keys``, all its ops."""
-    return [fixed_cost(device, ops) for _, _, ops in keys]
+    return [fixed_cost(device, ops) for *_, ops in keys]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import Measurements
+from .schema import WIDE_ROWS_N, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -54,6 +54,13 @@ class DeviceProfile:
     )
     """The measured rate of a matmul of few rows, by dtype then rows
     (``DeviceFigures.matmul_rows``); the planner interpolates it (``plan.planner.node_rate``)."""
+    rows_width: int | None = None
+    """The width of the weights ``flops_by_rows`` was measured with."""
+    flops_by_rows_wide: Mapping[int, Mapping[str, Mapping[int, float]]] = dataclasses.field(
+        default_factory=dict, hash=False
+    )
+    """Rates of few-row matmuls by wider weights than ``rows_width``: by width, dtype, rows
+    (``DeviceFigures.matmul_rows_wide``)."""
     latency_by_op: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """The measured fixed cost of an op, by the name a cost graph gives it
     (``DeviceFigures.op_latencies``); an op it does not list costs ``latency_s``."""
@@ -78,6 +85,15 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
     }
     by_rows = {dtype: table for dtype, table in by_rows.items() if table}
     by_op = {op: f.value for op, f in dev.op_latencies.items() if f.value is not None}
+    wide = {
+        dtype: {rows: f.value for rows, f in figures.items() if f.value is not None}
+        for dtype, figures in dev.matmul_rows_wide.items()
+    }
+    wide = {dtype: table for dtype, table in wide.items() if table}
+    rows_shape: dict[str, Any] = {
+        "rows_width": dev.matmul_rows_n,
+        "flops_by_rows_wide": {WIDE_ROWS_N: wide} if wide and dev.matmul_rows_n else {},
+    }
     if dev.kind == "cpu":
         return DeviceProfile(
             name=name,
@@ -92,6 +108,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
             memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
             flops_by_rows=by_rows,
             latency_by_op=by_op,
+            **rows_shape,
         )
     h2d, d2h = m.link("h2d pinned", "cpu", name), m.link("d2h pinned", name, "cpu")
     return DeviceProfile(
@@ -106,6 +123,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
         memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
         flops_by_rows=by_rows,
         latency_by_op=by_op,
+        **rows_shape,
     )
 
 

@@ -28,7 +28,15 @@ from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
-from .schema import DeviceFigures, DiskFigures, Figure, LinkFigure, Measurements, Mode
+from .schema import (
+    WIDE_ROWS_N,
+    DeviceFigures,
+    DiskFigures,
+    Figure,
+    LinkFigure,
+    Measurements,
+    Mode,
+)
 
 Progress = Callable[[int, int, str], None]
 """Called before each step with (steps done, steps in all, label of the step)."""
@@ -262,14 +270,17 @@ def matmul_rows_sizes(device: str, budget: Budget) -> tuple[int, ...]:
     return (*(r for r in budget.matmul_rows if r < n), n)
 
 
-def matmul_rows_flops(device: str, dtype: torch.dtype, rows: int, budget: Budget) -> Figure:
+def matmul_rows_flops(
+    device: str, dtype: torch.dtype, rows: int, budget: Budget, n: int | None = None
+) -> Figure:
     """FLOP/s of ``torch.mm`` of a ``rows`` x n matrix by n x n weights, transposed as a
     linear layer's are (2*rows*n^2 FLOP per call), each call the next of enough weights to
     exceed the caches: at few rows a matmul reads its weight for few FLOPs and runs far
     below the square rate (on the 2-core development machine, float32 at 1 row ran at 17-21
-    GFLOP/s, at 16 rows at 75-90, square at 230-290)."""
+    GFLOP/s, at 16 rows at 75-90, square at 230-290). ``n``: the mode's square size unless
+    given."""
     name = dtype_name(dtype)
-    n = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    n = n or (budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n)
     kind = "cpu" if device == "cpu" else "cuda"
     itemsize = torch.empty((), dtype=dtype).element_size()
     copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
@@ -679,7 +690,10 @@ def _flag_slow(matmul: dict[str, Figure], device: str) -> dict[str, Figure]:
 
 
 def _device_figures(
-    name: str, results: dict[tuple[str, ...], Figure], op_latencies: dict[str, Figure]
+    name: str,
+    results: dict[tuple[str, ...], Figure],
+    op_latencies: dict[str, Figure],
+    budget: Budget,
 ) -> DeviceFigures:
     if name == "cpu":
         description = f"{cpu_model()}, {psutil.cpu_count(logical=True)} logical cores"
@@ -703,17 +717,20 @@ def _device_figures(
         memory_bandwidth=results[("bandwidth", name)],
         op_latency=results[("latency", name)],
         matmul_rows=_rows_results(name, results),
+        matmul_rows_n=budget.cpu_matmul_n if name == "cpu" else budget.gpu_matmul_n,
+        matmul_rows_wide=_rows_results(name, results, "matmul_rows_wide"),
         op_latencies=op_latencies,
     )
 
 
 def _rows_results(
-    name: str, results: dict[tuple[str, ...], Figure]
+    name: str, results: dict[tuple[str, ...], Figure], kind: str = "matmul_rows"
 ) -> dict[str, dict[int, Figure]]:
-    """The few-row matmul figures of device ``name`` among ``results``, by dtype and rows."""
+    """The few-row matmul figures of device ``name`` among ``results`` (``kind``: the square
+    size's, or ``"matmul_rows_wide"``), by dtype and rows."""
     out: dict[str, dict[int, Figure]] = {}
     for key, fig in results.items():
-        if key[0] == "matmul_rows" and key[1] == name:
+        if key[0] == kind and key[1] == name:
             out.setdefault(key[2], {})[int(key[3])] = fig
     return out
 
@@ -757,6 +774,15 @@ def measure_host(
                 label = f"{dev} matmul {dtype_name(dt)} at {rows} rows"
                 rows_key = ("matmul_rows", dev, dtype_name(dt), str(rows))
                 steps.append(_Step(rows_key, label, "FLOP/s", run))
+        if dev == "cpu" and budget.cpu_matmul_n < WIDE_ROWS_N:
+            # float32's at a large model's width (the other dtypes scale by their own rates)
+            for rows in (r for r in budget.matmul_rows if r < WIDE_ROWS_N):
+                run = functools.partial(
+                    matmul_rows_flops, dev, torch.float32, rows, budget, WIDE_ROWS_N
+                )
+                label = f"{dev} matmul float32 at {rows} rows, {WIDE_ROWS_N} wide"
+                wide_key = ("matmul_rows_wide", dev, "float32", str(rows))
+                steps.append(_Step(wide_key, label, "FLOP/s", run))
         run = functools.partial(memory_bandwidth, dev, budget)
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
         probes[dev] = OpProbe(dev, budget)
@@ -800,7 +826,9 @@ def measure_host(
         duration=Figure(time.perf_counter() - started, "s", "wall time of the whole measurement"),
         load=load,
         fingerprint=current_fingerprint(),
-        devices=tuple(_device_figures(dev, results, probes[dev].per_op) for dev in ["cpu", *cuda]),
+        devices=tuple(
+            _device_figures(dev, results, probes[dev].per_op, budget) for dev in ["cpu", *cuda]
+        ),
         links=tuple(links + absent_links),
         disk=disk,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..units import format_bytes, format_rate, format_seconds
-from .schema import Figure, Measurements
+from .schema import WIDE_ROWS_N, Figure, Measurements
 
 
 def format_value(figure: Figure) -> str:
@@ -62,6 +62,10 @@ def format_report(m: Measurements) -> str:
         for dtype, by_rows in dev.matmul_rows.items():
             for count, fig in sorted(by_rows.items()):
                 figure = f"matmul {dtype} {count} rows"
+                rows.append([dev.name, figure, format_value(fig), fig.note])
+        for dtype, by_rows in dev.matmul_rows_wide.items():
+            for count, fig in sorted(by_rows.items()):
+                figure = f"matmul {dtype} {count} rows, {WIDE_ROWS_N} wide"
                 rows.append([dev.name, figure, format_value(fig), fig.note])
         rows.append(
             [

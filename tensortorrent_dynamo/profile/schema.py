@@ -17,15 +17,23 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 5
+METHODS_REVISION = 6
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
 every figure is timed with the Python dispatcher off, also inside a compile; 4: the compute
 slowdown's reads are verified as the runtime's are; 5: the op latency's probe builds masks,
 embeds tokens and runs norms and activations as models' graphs do, and each of its ops is
-timed too, ``DeviceFigures.op_latencies``): a cached short profile of an older
+timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
+large model's width too, ``DeviceFigures.matmul_rows_wide``): a cached short profile of an older
 revision is measured again. A file without one is revision 1."""
+
+WIDE_ROWS_N = 4096
+"""The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
+at ``n``): layers as wide as large models' read their weights at other rates than the square
+size's (on the 2-core development machine a 4096-wide float32 layer at 4 rows ran about a
+fifth slower than 1024-wide ones, through as many bytes of weights)."""
+
 
 Mode = Literal["nominal", "short", "quick", "full"]
 """How much was measured: nothing (built-in rates), the planner's minimum, or a report."""
@@ -160,6 +168,11 @@ class DeviceFigures:
     too large for the caches), by dtype name then rows: a linear layer at a small batch reads
     its weight for few FLOPs and runs far below the square rate. Empty in profiles measured
     before it was."""
+    matmul_rows_n: int | None = None
+    """The width of ``matmul_rows``' weights (``None`` in profiles that did not record it)."""
+    matmul_rows_wide: Mapping[str, Mapping[int, Figure]] = dataclasses.field(default_factory=dict)
+    """As ``matmul_rows``, at ``measure.WIDE_ROWS_N``-wide weights (float32 on the host,
+    where its square size is narrower): a large model's layers. Empty where not measured."""
     op_latencies: Mapping[str, Figure] = dataclasses.field(default_factory=dict)
     """The fixed cost of each op of the probe ``op_latency`` is the mean of, by the name a
     cost graph gives its target (``"addmm.default"``): an attention call or a concatenation
@@ -179,6 +192,11 @@ class DeviceFigures:
                 dtype: {str(rows): fig.to_dict() for rows, fig in by_rows.items()}
                 for dtype, by_rows in self.matmul_rows.items()
             },
+            "matmul_rows_n": self.matmul_rows_n,
+            "matmul_rows_wide": {
+                dtype: {str(rows): fig.to_dict() for rows, fig in by_rows.items()}
+                for dtype, by_rows in self.matmul_rows_wide.items()
+            },
             "op_latencies": {op: fig.to_dict() for op, fig in self.op_latencies.items()},
         }
 
@@ -197,6 +215,12 @@ class DeviceFigures:
             ),
             op_latency=Figure.from_dict(data.get("op_latency"), f"{where}.op_latency"),
             matmul_rows=_rows_figures(data.get("matmul_rows", {}), f"{where}.matmul_rows"),
+            matmul_rows_n=_get(data, "matmul_rows_n", int, where)
+            if data.get("matmul_rows_n") is not None
+            else None,
+            matmul_rows_wide=_rows_figures(
+                data.get("matmul_rows_wide", {}), f"{where}.matmul_rows_wide"
+            ),
             op_latencies={
                 str(op): Figure.from_dict(fig, f"{where}.op_latencies.{op}")
                 for op, fig in _mapping(

@@ -125,7 +125,7 @@ def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
         and node.bytes_accessed == 0
         and node.target != "getitem"
     )
-    called = {op for graph in graphs for _, _, ops in graph.plan.cost.rate_keys() for op in ops}
+    called = {op for graph in graphs for *_, ops in graph.plan.cost.rate_keys() for op in ops}
     costs = ", ".join(_op_costs(planned.profile, called) for planned in graphs[0].plan.devices)
     return [
         f"  ops: {ops} (each graph once; {views} views or other ops moving no bytes), each "

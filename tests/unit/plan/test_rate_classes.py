@@ -4,6 +4,8 @@ the profile did not measure runs at the float32 rate."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from tensortorrent_dynamo.plan.planner import (
     native_device_list,
     node_rate,
     rate_keys,
+    width_factor,
 )
 from tensortorrent_dynamo.profile import DeviceProfile, HostProfile
 from tests.models import mlp
@@ -61,7 +64,7 @@ def _predicted(
 
 
 def test_a_devices_rate_per_dtype_is_what_its_nodes_are_costed_at() -> None:
-    keys = [("bfloat16", None, ("mm.default",)), ("float16", None, ("mm.default",))]
+    keys = [("bfloat16", None, None, ("mm.default",)), ("float16", None, None, ("mm.default",))]
     assert class_rates(_host(4e9), keys) == [4e9, 1e9], "float16 unmeasured: float32's"
     unmeasured, measured = _predicted(None), _predicted(4e9)
     flops = 2 * 2 * 64 * 512 * 512
@@ -87,7 +90,7 @@ def test_a_small_batch_matmul_is_costed_at_the_rate_of_its_rows() -> None:
     model = mlp(512, 2)
     (graph,) = capture(model, torch.randn(4, 512))
     assert {n.rows for n in graph.nodes if n.flops > 0} == {4}
-    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4, ("linear",)),)
+    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4, 512, ("linear",)),)
     assert rate_keys([graph], [_host(None)]) == (), "every FLOP at the float32 rate"
     square = _predicted(None, dtype=torch.float32, batch=4)
     by_rows = _predicted(None, ROWS, dtype=torch.float32, batch=4)
@@ -101,13 +104,13 @@ def test_each_op_pays_the_fixed_cost_measured_for_it() -> None:
     a profile without figures by op plans with one figure for every op, as before them."""
     ((gm, inputs),) = functional_capture(mlp(512, 2), torch.randn(4, 512))
     graph = build_cost_graph(gm, inputs.values, inputs.params)
-    calls = {ops for _, _, ops in graph.rate_keys() if ops}
+    calls = {ops for *_, ops in graph.rate_keys() if ops}
     assert calls == {("addmm.default", "t.default"), ("relu.default",)}, calls
     one_cost = _host(None, latency_s=1.0)
     assert rate_keys([graph], [one_cost]) == ()
     by_op = _host(None, latency_s=1.0, latency_by_op={"addmm.default": 3.0, "t.default": 0.5})
     keys = rate_keys([graph], [by_op])
-    assert [ops for _, _, ops in keys] == [("addmm.default", "t.default")], keys
+    assert [ops for *_, ops in keys] == [("addmm.default", "t.default")], keys
     assert class_latencies(by_op, keys) == [3.5]
 
     def predicted(host: DeviceProfile) -> float:
@@ -122,3 +125,28 @@ def test_each_op_pays_the_fixed_cost_measured_for_it() -> None:
     flops_s = 2 * 2 * 4 * 512**2 / 1e9
     assert predicted(one_cost) == pytest.approx(6.0 + flops_s, rel=1e-6)
     assert predicted(by_op) == pytest.approx(9.0 + flops_s, rel=1e-6)
+
+
+def test_a_matmul_wider_than_the_rates_by_rows_runs_at_the_rate_measured_that_wide() -> None:
+    """Rates by rows measured 1024 wide, and float32's 4096 wide half as fast at 4 rows and
+    as fast at 64: a 4096-wide layer at 4 rows runs at half the rate, a 2048-wide one
+    halfway in log width, one at 64 rows or 1024 wide or narrower as measured; a bfloat16
+    one scales the same way."""
+    rows = {"float32": {4: 4e9, 64: 64e9}, "bfloat16": {4: 8e9, 64: 128e9}}
+    host = dataclasses.replace(
+        _host(2e11, rows),
+        rows_width=1024,
+        flops_by_rows_wide={4096: {"float32": {4: 2e9, 64: 64e9}}},
+    )
+    assert node_rate(host, "float32", 4, 4096) == pytest.approx(2e9)
+    assert node_rate(host, "float32", 4, 8192) == pytest.approx(2e9), "beyond: the widest"
+    assert node_rate(host, "float32", 4, 2048) == pytest.approx(4e9 / 2**0.5)
+    assert node_rate(host, "float32", 4, 1024) == node_rate(host, "float32", 4, 256) == 4e9
+    assert node_rate(host, "float32", 64, 4096) == pytest.approx(64e9)
+    assert node_rate(host, "float32", 256, 4096) == pytest.approx(64e9), "as at 64 rows"
+    assert node_rate(host, "float32", 4, None) == 4e9, "width unknown: as measured"
+    assert node_rate(host, "bfloat16", 4, 4096) == pytest.approx(4e9)
+    assert width_factor(dataclasses.replace(host, rows_width=None), 4, 4096) == 1.0
+    ((gm, inputs),) = functional_capture(mlp(2048, 1), torch.randn(4, 2048))
+    graph = build_cost_graph(gm, inputs.values, inputs.params)
+    assert [key[:3] for key in rate_keys([graph], [host])] == [("float32", 4, 2048)]
