@@ -87,12 +87,12 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
     """Which compute rate the FLOPs of each dtype, and of matmuls of each count of rows,
     were costed at, per device (the "compute" column is the float32 square-matmul rate);
     nothing for float32 FLOPs all costed at that."""
-    flops: dict[tuple[str, int | None], float] = {}
+    flops: dict[tuple[str, int | None, int | None], float] = {}
     for graph in graphs:
-        for node in graph.plan.cost.nodes:
+        nodes, keys = graph.plan.cost.nodes, graph.plan.cost.rate_keys()
+        for node, (dtype, rows, width, _) in zip(nodes, keys, strict=True):
             if node.flops > 0:
-                key = (node.dtype or "float32", node.rows)
-                flops[key] = flops.get(key, 0.0) + node.flops
+                flops[(dtype, rows, width)] = flops.get((dtype, rows, width), 0.0) + node.flops
     devices = [planned.profile for planned in graphs[0].plan.devices]
     if all(
         key[0] == "float32" and node_rate(dev, *key) == dev.flops_per_s
@@ -100,17 +100,21 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
         for dev in devices
     ):
         return []
-    by_dtype: dict[str, dict[int | None, float]] = {}
-    for (dtype, rows), total in flops.items():
-        by_dtype.setdefault(dtype, {})[rows] = total
+    by_dtype: dict[str, dict[int | None, dict[int | None, float]]] = {}
+    for (dtype, rows, width), total in flops.items():
+        by_dtype.setdefault(dtype, {}).setdefault(rows, {})[width] = total
     lines = ["  FLOPs by dtype, and the rate each device's are costed at:"]
-    for dtype, by_rows in sorted(by_dtype.items(), key=lambda item: -sum(item[1].values())):
+    for dtype, by_rows in sorted(by_dtype.items(), key=lambda item: -_total(item[1])):
         rates = [_device_rates(dev, dtype, by_rows) for dev in devices]
         lines.append(
-            f"    {dtype}: {_flops(sum(by_rows.values()))} (each graph once); costed at "
+            f"    {dtype}: {_flops(_total(by_rows))} (each graph once); costed at "
             f"{'; '.join(rates)}"
         )
     return lines
+
+
+def _total(by_rows: dict[int | None, dict[int | None, float]]) -> float:
+    return sum(sum(by_width.values()) for by_width in by_rows.values())
 
 
 def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
@@ -146,26 +150,37 @@ def _op_costs(dev: DeviceProfile, called: set[str]) -> str:
     return text
 
 
-def _device_rates(dev: DeviceProfile, dtype: str, by_rows: dict[int | None, float]) -> str:
+def _device_rates(
+    dev: DeviceProfile, dtype: str, by_rows: dict[int | None, dict[int | None, float]]
+) -> str:
     """The rates ``dev``'s FLOPs of ``dtype`` were costed at: one, or one per count of rows
-    of its matmuls (``by_rows``: FLOPs by rows) where the profile measured rates by rows."""
+    of its matmuls (``by_rows``: FLOPs by rows and weight width; the rate of a count of rows
+    over all its widths) where the profile measured rates by rows."""
     if dtype == "float32" or (dtype in RATE_DTYPES and dtype in dev.flops_by_dtype):
         note = ""
     else:
         note = " (float32's: not measured)" if dtype in RATE_DTYPES else " (float32's)"
-    matmuls = sorted(((f, r) for r, f in by_rows.items() if r is not None), reverse=True)
+    matmuls = sorted(
+        ((sum(w.values()), r, w) for r, w in by_rows.items() if r is not None),
+        key=lambda item: (-item[0], item[1]),
+    )
     if not rows_table(dev, dtype) or not matmuls:
         return f"{dev.name} {format_rate(dtype_rate(dev, dtype), 'FLOP/s')}{note}"
+
+    def rate(rows: int, by_width: dict[int | None, float]) -> float:
+        seconds = sum(f / node_rate(dev, dtype, rows, width) for width, f in by_width.items())
+        return sum(by_width.values()) / seconds
+
     parts = [
-        f"{format_rate(node_rate(dev, dtype, rows), 'FLOP/s')} at {rows} rows ({_flops(f)})"
-        for f, rows in matmuls[:RATE_ROWS_SHOWN]
+        f"{format_rate(rate(rows, by_width), 'FLOP/s')} at {rows} rows ({_flops(f)})"
+        for f, rows, by_width in matmuls[:RATE_ROWS_SHOWN]
     ]
     if len(matmuls) > RATE_ROWS_SHOWN:
-        rest = sum(f for f, _ in matmuls[RATE_ROWS_SHOWN:])
+        rest = sum(f for f, _, _ in matmuls[RATE_ROWS_SHOWN:])
         parts.append(f"{len(matmuls) - RATE_ROWS_SHOWN} more row counts ({_flops(rest)})")
     if None in by_rows:
-        rate = format_rate(dtype_rate(dev, dtype), "FLOP/s")
-        parts.append(f"{rate} elsewhere ({_flops(by_rows[None])})")
+        elsewhere = format_rate(dtype_rate(dev, dtype), "FLOP/s")
+        parts.append(f"{elsewhere} elsewhere ({_flops(sum(by_rows[None].values()))})")
     return f"{dev.name} matmuls {', '.join(parts)}"
 
 

@@ -224,3 +224,14 @@ def test_each_op_of_the_probe_has_a_fixed_cost_of_its_own(run: Run) -> None:
     assert by_op["t.default"] < by_op["native_layer_norm.default"], by_op
     profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
     assert dict(profile.device("cpu").latency_by_op) == by_op
+
+
+def test_few_row_matmuls_are_timed_at_a_large_model_s_width_too(run: Run) -> None:
+    cpu = next(d for d in run.report["devices"] if d["name"] == "cpu")
+    assert cpu["matmul_rows_n"] == 1024
+    wide = {int(rows): fig["value"] for rows, fig in cpu["matmul_rows_wide"]["float32"].items()}
+    assert sorted(wide) == [1, 4, 16, 64, 256] and all(v > 0 for v in wide.values()), wide
+    assert "4096x4096" in cpu["matmul_rows_wide"]["float32"]["4"]["method"]
+    profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
+    host = profile.device("cpu")
+    assert host.rows_width == 1024 and host.flops_by_rows_wide == {4096: {"float32": wide}}
