@@ -162,20 +162,8 @@ impl PyDevice {
             float_repr(d.latency_s),
             float_repr(d.mem_bytes_per_s),
             float_repr(d.disk_bytes_per_s),
-            if d.class_flops_per_s.is_empty() {
-                String::new()
-            } else {
-                let rates: Vec<String> =
-                    d.class_flops_per_s.iter().map(|&r| float_repr(r)).collect();
-                format!(", class_flops_per_s=[{}]", rates.join(", "))
-            },
-            if d.class_latency_s.is_empty() {
-                String::new()
-            } else {
-                let latencies: Vec<String> =
-                    d.class_latency_s.iter().map(|&r| float_repr(r)).collect();
-                format!(", class_latency_s=[{}]", latencies.join(", "))
-            },
+            list_repr("class_flops_per_s", &d.class_flops_per_s),
+            list_repr("class_latency_s", &d.class_latency_s),
             if d.disk_latency_s > 0.0 {
                 format!(", disk_latency_s={}", float_repr(d.disk_latency_s))
             } else {
@@ -188,6 +176,15 @@ impl PyDevice {
             }
         )
     }
+}
+
+/// `, name=[a, b]` for a list keyword that is not empty, else nothing.
+fn list_repr(name: &str, values: &[f64]) -> String {
+    if values.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = values.iter().map(|&x| float_repr(x)).collect();
+    format!(", {name}=[{}]", items.join(", "))
 }
 
 /// A float as Python writes it back: `inf` is `float('inf')`.

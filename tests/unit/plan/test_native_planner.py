@@ -184,3 +184,12 @@ def test_positional_calls_keep_working() -> None:
     assert p.param_device == [1] and p.param_streamed == [False]
     assert cpu.mem_bytes_per_s == float("inf") and cpu.disk_bytes_per_s == float("inf")
     assert "mem_bytes_per_s=float('inf')" in repr(cpu)
+
+
+def test_a_device_s_class_lists_are_in_its_repr_when_given() -> None:
+    plain = planner.Device("cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6)
+    assert "class_" not in repr(plain)
+    classes = planner.Device(
+        "cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6, class_flops_per_s=[2e9], class_latency_s=[3e-6]
+    )
+    assert repr(classes).endswith(", class_flops_per_s=[2000000000.0], class_latency_s=[3e-6])")

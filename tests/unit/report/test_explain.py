@@ -113,19 +113,11 @@ def test_the_ops_line_counts_the_ops_and_names_each_devices_cost_per_op() -> Non
 
 
 def test_the_fixed_cost_of_ops_measured_one_by_one_is_shown_with_its_range() -> None:
-    from tensortorrent_dynamo.profile import DeviceProfile
     from tensortorrent_dynamo.report.explain import _op_costs
+    from tests.unit.plan.test_rate_classes import _host
 
-    host = DeviceProfile(
-        name="cpu",
-        kind="cpu",
-        memory_bytes=1 << 30,
-        flops_per_s=1e9,
-        h2d_bytes_per_s=float("inf"),
-        d2h_bytes_per_s=float("inf"),
-        latency_s=3e-6,
-        latency_by_op={"addmm.default": 4e-6, "t.default": 1.5e-6, "gelu.default": 1e-5},
-    )
+    by_op = {"addmm.default": 4e-6, "t.default": 1.5e-6, "gelu.default": 1e-5}
+    host = _host(None, latency_s=3e-6, latency_by_op=by_op)
     called = {"addmm.default", "t.default", "index.Tensor"}
     assert _op_costs(host, called) == (
         "cpu 3.0 us, or the op's own where measured (2 of the 3 kinds of op called: "
