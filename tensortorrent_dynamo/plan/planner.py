@@ -42,10 +42,10 @@ of any other dtype are costed at the float32 rate."""
 RateKey = tuple[str, int | None, int | None, tuple[str, ...]]
 """What a node is costed by besides its FLOPs and bytes (``CostGraph.rate_keys``): the dtype
 of its FLOPs, for a matmul the rows of its result and the width of its weight, and the ops
-it calls. The native planner
-knows each as a rate class: class 0 runs at a device's ``flops_per_s`` and pays its
-``latency_s`` an op, class ``k + 1`` (the graph's ``rate_keys(...)[k]``) at each device's
-:func:`node_rate` for it, paying the device's :func:`fixed_cost` for its ops."""
+it calls. The native planner knows each as a rate class: class 0 runs at a device's
+``flops_per_s`` and pays its ``latency_s`` an op, class ``k + 1`` (the graph's
+``rate_keys(...)[k]``) at each device's :func:`node_rate` for it, paying the device's
+:func:`fixed_cost` for its ops."""
 
 
 def dtype_rate(device: DeviceProfile, dtype: str) -> float:

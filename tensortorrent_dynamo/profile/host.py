@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import WIDE_ROWS_N, Measurements
+from .schema import WIDE_ROWS_N, Figure, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -74,22 +74,26 @@ def _value(figure_value: float | None, fallback: float) -> float:
     return fallback if figure_value is None else figure_value
 
 
+def _measured_by_rows(
+    figures: Mapping[str, Mapping[int, Figure]],
+) -> dict[str, dict[int, float]]:
+    """Few-row matmul figures by dtype and rows as the rates measured (a dtype with none
+    left out)."""
+    rates = {
+        dtype: {rows: f.value for rows, f in by_rows.items() if f.value is not None}
+        for dtype, by_rows in figures.items()
+    }
+    return {dtype: table for dtype, table in rates.items() if table}
+
+
 def _device_from(m: Measurements, name: str) -> DeviceProfile:
     dev = m.device(name)
     if dev is None:
         raise ValueError(f"profile has no device {name!r}")
     flops = {dtype: f.value for dtype, f in dev.matmul.items() if f.value is not None}
-    by_rows = {
-        dtype: {rows: f.value for rows, f in figures.items() if f.value is not None}
-        for dtype, figures in dev.matmul_rows.items()
-    }
-    by_rows = {dtype: table for dtype, table in by_rows.items() if table}
+    by_rows = _measured_by_rows(dev.matmul_rows)
     by_op = {op: f.value for op, f in dev.op_latencies.items() if f.value is not None}
-    wide = {
-        dtype: {rows: f.value for rows, f in figures.items() if f.value is not None}
-        for dtype, figures in dev.matmul_rows_wide.items()
-    }
-    wide = {dtype: table for dtype, table in wide.items() if table}
+    wide = _measured_by_rows(dev.matmul_rows_wide)
     rows_shape: dict[str, Any] = {
         "rows_width": dev.matmul_rows_n,
         "flops_by_rows_wide": {WIDE_ROWS_N: wide} if wide and dev.matmul_rows_n else {},

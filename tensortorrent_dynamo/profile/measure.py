@@ -223,10 +223,16 @@ def _matmul_size(device: str, dtype: torch.dtype, cap: int, budget: Budget) -> i
     return n
 
 
+def square_n(device: str, budget: Budget) -> int:
+    """The largest square matmul size of ``budget`` on ``device`` (the host's, or an
+    accelerator's), which its few-row figures are measured at too."""
+    return budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+
+
 def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
     """FLOP/s of ``torch.mm`` on square matrices (2*n^3 FLOP per call)."""
     name = dtype_name(dtype)
-    cap = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    cap = square_n(device, budget)
     n = _matmul_size(device, dtype, cap, budget)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -266,7 +272,7 @@ def _weights(n: int, count: int, device: str, dtype: torch.dtype) -> list[torch.
 def matmul_rows_sizes(device: str, budget: Budget) -> tuple[int, ...]:
     """The rows the few-row matmul figures of ``device`` are measured at: the mode's, then
     the square size, the same way (the weights too large for the caches)."""
-    n = budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n
+    n = square_n(device, budget)
     return (*(r for r in budget.matmul_rows if r < n), n)
 
 
@@ -280,7 +286,7 @@ def matmul_rows_flops(
     GFLOP/s, at 16 rows at 75-90, square at 230-290). ``n``: the mode's square size unless
     given."""
     name = dtype_name(dtype)
-    n = n or (budget.cpu_matmul_n if device == "cpu" else budget.gpu_matmul_n)
+    n = n or square_n(device, budget)
     kind = "cpu" if device == "cpu" else "cuda"
     itemsize = torch.empty((), dtype=dtype).element_size()
     copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
@@ -717,7 +723,7 @@ def _device_figures(
         memory_bandwidth=results[("bandwidth", name)],
         op_latency=results[("latency", name)],
         matmul_rows=_rows_results(name, results),
-        matmul_rows_n=budget.cpu_matmul_n if name == "cpu" else budget.gpu_matmul_n,
+        matmul_rows_n=square_n(name, budget),
         matmul_rows_wide=_rows_results(name, results, "matmul_rows_wide"),
         op_latencies=op_latencies,
     )

@@ -174,8 +174,8 @@ class DeviceFigures:
     """As ``matmul_rows``, at ``measure.WIDE_ROWS_N``-wide weights (float32 on the host,
     where its square size is narrower): a large model's layers. Empty where not measured."""
     op_latencies: Mapping[str, Figure] = dataclasses.field(default_factory=dict)
-    """The fixed cost of each op of the probe ``op_latency`` is the mean of, by the name a
-    cost graph gives its target (``"addmm.default"``): an attention call or a concatenation
+    """The fixed cost of each op of the probe whose mean is ``op_latency``, by the name a
+    cost graph gives the op (``"addmm.default"``): an attention call or a concatenation
     costs several times a view. Empty where not measured (an accelerator, whose ops are
     timed as a launch), and in profiles measured before it was."""
 

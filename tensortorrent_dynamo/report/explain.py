@@ -162,7 +162,8 @@ def _device_rates(
         note = " (float32's: not measured)" if dtype in RATE_DTYPES else " (float32's)"
     matmuls = sorted(
         ((sum(w.values()), r, w) for r, w in by_rows.items() if r is not None),
-        key=lambda item: (-item[0], item[1]),
+        key=lambda item: (item[0], item[1]),
+        reverse=True,  # the most FLOPs first, as many: the most rows first
     )
     if not rows_table(dev, dtype) or not matmuls:
         return f"{dev.name} {format_rate(dtype_rate(dev, dtype), 'FLOP/s')}{note}"
