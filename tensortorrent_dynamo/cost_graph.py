@@ -40,6 +40,17 @@ COST_GRAPH_FORMAT = "tensortorrent-cost-graph"
 COST_GRAPH_FORMAT_VERSION = 1
 
 
+class RateKey(typing.NamedTuple):
+    """What a node is costed by besides its FLOPs and bytes (:meth:`CostGraph.rate_keys`),
+    its rate class for the native planner (``plan.planner.rate_keys``)."""
+
+    dtype: str  # of its FLOPs
+    rows: int | None  # of a matmul's result; ``None``: not a matmul
+    width: int | None  # of a matmul's weight (the square root of its elements)
+    ops: tuple[str, ...]  # the ops it calls, whose fixed costs it pays
+    first: tuple[str, ...]  # those of ``ops`` no earlier node of its graph calls
+
+
 @dataclasses.dataclass(frozen=True)
 class CostNode:
     """One node of the cost graph.
@@ -178,23 +189,27 @@ class CostGraph:
     # the inputs written in place, each with its new value: where they live is planned
     state: tuple[StateRef, ...] = ()
 
-    def rate_keys(self) -> list[tuple[str, int | None, int | None, tuple[str, ...]]]:
-        """What each node is costed by besides its FLOPs and bytes (``plan.planner.RateKey``):
-        the dtype its FLOPs run in (float32 for a node with none), the rows of a matmul's
-        result and the width of its weight (the square root of its FLOPs over twice its
-        rows: of the product of the weight's two sizes), and the ops it calls (by
-        ``target``; a view of parameters taken where its reader runs is called by the
-        reader), whose fixed costs it pays."""
+    def rate_keys(self) -> list[RateKey]:
+        """What each node is costed by besides its FLOPs and bytes (:class:`RateKey`): the
+        dtype its FLOPs run in (float32 for a node with none), the rows of a matmul's result
+        and the width of its weight (the square root of its FLOPs over twice its rows: of
+        the product of the weight's two sizes), the ops it calls (by ``target``; a view of
+        parameters taken where its reader runs is called by the reader), whose fixed costs
+        it pays, and those of them no earlier node calls, which it calls with cold caches."""
         views: dict[int, list[str]] = {}
         for nid, reader in enumerate(self.runs_with):
             if reader != nid:
                 views.setdefault(reader, []).append(self.nodes[nid].target)
         keys = []
+        seen: set[str] = set()
         for nid, node in enumerate(self.nodes):
             taken = views.get(nid, [])
             own = (node.target,) if node.op_count > len(taken) else ()
+            ops = (*own, *taken)
             width = round(math.sqrt(node.flops / (2 * node.rows))) if node.rows else None
-            keys.append((node.dtype or "float32", node.rows, width or None, (*own, *taken)))
+            first = tuple(sorted({op for op in ops if op not in seen and op != "getitem"}))
+            seen.update(ops)
+            keys.append(RateKey(node.dtype or "float32", node.rows, width or None, ops, first))
         return keys
 
     @property
@@ -327,7 +342,7 @@ class CostGraph:
         param_home: Sequence[str] | None = None,
         disk_allowed: Sequence[bool] | None = None,
         state_movable: bool = False,
-        rate_classes: Sequence[tuple[str, int | None, int | None, tuple[str, ...]]] = (),
+        rate_classes: Sequence[RateKey] = (),
     ) -> _planner.CostGraph:
         """Flatten into the arrays the native planner takes; ``param_home`` gives each
         parameter's tier now (``"host"`` or ``"disk"``; all ``"host"`` when omitted) and
@@ -336,7 +351,8 @@ class CostGraph:
         (``state``) on an accelerator between calls; else they stay in host memory, as
         every other graph input does. A node whose ``rate_keys()`` is ``rate_classes[k]`` is of
         rate class ``k + 1`` (costed at each device's rate and fixed cost for it, see
-        ``plan.planner.rate_keys``), any other of class 0 (the float32 rate, the device's
+        ``plan.planner.rate_keys``; a node whose key is not there, of the class of its key
+        without ``first`` if that is there), any other of class 0 (the float32 rate, the device's
         fixed cost per op)."""
         classes = {key: k + 1 for k, key in enumerate(rate_classes)}
         movable = {r.input for r in self.state} if state_movable else set()
@@ -364,7 +380,9 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
-            node_rate_class=[classes.get(key, 0) for key in self.rate_keys()],
+            node_rate_class=[
+                classes.get(key, classes.get(key._replace(first=()), 0)) for key in self.rate_keys()
+            ],
             node_ops=[n.op_count for n in self.nodes],
             node_alias=[n.alias for n in self.nodes],
         )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 import psutil
 
 from .._native import native_planner
-from ..cost_graph import CostGraph
+from ..cost_graph import CostGraph, RateKey
 from ..errors import InvalidPlacement, PlanInfeasible
 from ..io.pool import read_buffer_bytes
 from ..profile import DeviceProfile, HostProfile
@@ -38,14 +38,6 @@ RATE_DTYPES = ("bfloat16", "float16")
 ``flops_per_s``), where it was measured: a bfloat16 matmul on a CPU with AMX runs several
 times faster than a float32 one, and on a GPU a half-precision one faster still. The FLOPs
 of any other dtype are costed at the float32 rate."""
-
-RateKey = tuple[str, int | None, int | None, tuple[str, ...]]
-"""What a node is costed by besides its FLOPs and bytes (``CostGraph.rate_keys``): the dtype
-of its FLOPs, for a matmul the rows of its result and the width of its weight, and the ops
-it calls. The native planner knows each as a rate class: class 0 runs at a device's
-``flops_per_s`` and pays its ``latency_s`` an op, class ``k + 1`` (the graph's
-``rate_keys(...)[k]``) at each device's :func:`node_rate` for it, paying the device's
-:func:`fixed_cost` for its ops."""
 
 
 def dtype_rate(device: DeviceProfile, dtype: str) -> float:
@@ -127,10 +119,11 @@ def op_latency(device: DeviceProfile, op: str) -> float:
     return device.latency_by_op.get(op, device.latency_s)
 
 
-def fixed_cost(device: DeviceProfile, ops: Sequence[str]) -> float:
+def fixed_cost(device: DeviceProfile, ops: Sequence[str], first: Sequence[str] = ()) -> float:
     """The fixed cost ``device`` charges a node that calls ``ops``: each op's
-    :func:`op_latency`."""
-    return sum(op_latency(device, op) for op in ops)
+    :func:`op_latency`, and the cost of a cold first call (``DeviceProfile.cold_latency_s``)
+    for each of them the call has not run yet (``first``)."""
+    return sum(op_latency(device, op) for op in ops) + device.cold_latency_s * len(first)
 
 
 def rate_keys(
@@ -139,40 +132,51 @@ def rate_keys(
     """The rate keys of the nodes in ``graphs`` that some of ``devices`` costs otherwise
     than a float32 node of no rows (another compute rate for nodes with FLOPs, another
     fixed cost for nodes that call an op), sorted: the rate classes beyond 0 that
-    ``CostGraph.to_native`` numbers from 1 (any other node is of class 0, so a graph costed
-    throughout at those plans and hashes as it did before classes)."""
+    ``CostGraph.to_native`` numbers from 1, each costed at a device's :func:`node_rate`
+    and :func:`fixed_cost` for it. Any other node is of class 0, run at a device's
+    ``flops_per_s`` paying its ``latency_s`` an op, so a graph costed throughout at those
+    plans and hashes as it did before classes; where no device has a cold cost, the first
+    node to call an op is of the class of the others (its key without ``first``)."""
+    cold = any(d.cold_latency_s > 0 for d in devices)
     keys = {
-        key
+        key if cold else key._replace(first=())
         for graph in graphs
         if graph is not None
         for node, key in zip(graph.nodes, graph.rate_keys(), strict=True)
         if node.flops > 0 or node.op_count > 0
     }
     differ = {
-        (dtype, rows, width, ops)
-        for dtype, rows, width, ops in keys
+        key
+        for key in keys
         if any(
-            node_rate(d, dtype, rows, width) != d.flops_per_s
-            or any(op in d.latency_by_op for op in ops)
+            node_rate(d, key.dtype, key.rows, key.width) != d.flops_per_s
+            or any(op in d.latency_by_op for op in key.ops)
+            or (key.first and d.cold_latency_s > 0)
             for d in devices
         )
     }
     return tuple(
         sorted(
             differ,
-            key=lambda k: (k[0], -1 if k[1] is None else k[1], -1 if k[2] is None else k[2], k[3]),
+            key=lambda k: (
+                k.dtype,
+                -1 if k.rows is None else k.rows,
+                -1 if k.width is None else k.width,
+                k.ops,
+                k.first,
+            ),
         )
     )
 
 
 def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """``device``'s compute rate for each of ``keys`` (rate classes 1, 2, ...)."""
-    return [node_rate(device, dtype, rows, width) for dtype, rows, width, _ in keys]
+    return [node_rate(device, k.dtype, k.rows, k.width) for k in keys]
 
 
 def class_latencies(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """The fixed cost ``device`` charges a node of each of ``keys``, all its ops."""
-    return [fixed_cost(device, ops) for *_, ops in keys]
+    return [fixed_cost(device, k.ops, k.first) for k in keys]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _matmul_size(device: str, dtype: torch.dtype, cap: int, budget: Budget) -> i
         a = torch.ones(n, n, device=device, dtype=dtype)
         torch.mm(a, a)
         sync()
-        times = []
+        times: list[float] = []
         for _ in range(3):
             start = time.perf_counter()
             torch.mm(a, a)
@@ -426,6 +426,11 @@ def memory_bandwidth(device: str, budget: Budget) -> Figure:
 
 # the probe of the per-op cost: decoder layers at this width, sequence and depth
 PROBE_WIDTH, PROBE_TOKENS, PROBE_LAYERS = 32, 8, 3
+EVICT_BYTES = 32 * 2**20
+"""What ``OpProbe`` writes before each call it times cold: past the per-core caches of
+today's CPUs, as a model's weights streamed between two calls are. On the 2-core development
+machine (4 MiB of L2 a core) the probe's cold calls took 0.05 ms longer than back to back
+after 1 MiB written, 0.19 ms after 4 MiB, 0.25 after 8 and 0.27-0.37 after 16 to 64 MiB."""
 
 
 def _probe_layer(x: torch.Tensor, ids: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
@@ -485,13 +490,15 @@ def _probe_graph(device: str) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]
 class OpProbe:
     """The per-op cost of ``device``, measured on the probe graph (``_probe_graph``) as an
     eager segment runs it (direct calls): ``latency`` times the graph as a whole, each
-    call's time over its ops; after it, ``per_op`` holds each op's own fixed cost (on the
-    host; an accelerator's ops are queued, and timing one alone would time its launch and
-    a wait)."""
+    call's time over its ops; after it, on the host, ``per_op`` holds each op's own fixed
+    cost and ``cold`` what a call pays the first time it runs a kind of op with cold
+    caches (an accelerator's ops are queued, and timing one alone would time its launch
+    and a wait)."""
 
     device: str
     budget: Budget
     per_op: dict[str, Figure] = dataclasses.field(default_factory=dict)
+    cold: Figure | None = None
 
     def latency(self) -> Figure:
         """Time per op of the probe graph: the fixed cost of one operation as an eager
@@ -517,6 +524,7 @@ class OpProbe:
             )
             if self.device == "cpu":
                 self.per_op = self._each_op(graph, args, names, per_call)
+                self.cold = self._cold(graph, args, len(self.per_op), per_call)
         return Figure(
             value=per_call / len(nodes),
             unit="s",
@@ -568,6 +576,29 @@ class OpProbe:
             name: Figure(statistics.median(t), "s", f"{method}: {len(t)} node(s)")
             for name, t in sorted(by_op.items())
         }
+
+    def _cold(
+        self, graph: torch.fx.GraphModule, args: list[torch.Tensor], kinds: int, per_call: float
+    ) -> Figure:
+        """What a call of ``graph`` pays beyond ``per_call`` (its time called back to back)
+        when the caches were evicted before it (:data:`EVICT_BYTES` written), over its
+        ``kinds`` kinds of op: the median of as many calls as ``_each_op`` makes."""
+        passes = max(5, self.budget.repeats * 6)
+        evict = torch.empty(EVICT_BYTES, dtype=torch.uint8)
+        times: list[float] = []
+        for _ in range(passes):
+            evict.fill_(len(times))
+            start = time.perf_counter()
+            graph(*args)
+            times.append(time.perf_counter() - start)
+        extra = max(0.0, statistics.median(times) - per_call)
+        return Figure(
+            extra / max(1, kinds),
+            "s",
+            f"the op latency's probe graph timed with {format_bytes(EVICT_BYTES)} written "
+            f"before each call, median of {passes} calls ({extra * 1e6:.0f} us more than back "
+            f"to back), over its {kinds} kinds of op{_threads(self.device)}",
+        )
 
 
 def copy_bandwidth(src_device: str, dst_device: str, pinned: bool, budget: Budget) -> Figure:
@@ -698,7 +729,7 @@ def _flag_slow(matmul: dict[str, Figure], device: str) -> dict[str, Figure]:
 def _device_figures(
     name: str,
     results: dict[tuple[str, ...], Figure],
-    op_latencies: dict[str, Figure],
+    probe: OpProbe,
     budget: Budget,
 ) -> DeviceFigures:
     if name == "cpu":
@@ -725,7 +756,8 @@ def _device_figures(
         matmul_rows=_rows_results(name, results),
         matmul_rows_n=square_n(name, budget),
         matmul_rows_wide=_rows_results(name, results, "matmul_rows_wide"),
-        op_latencies=op_latencies,
+        op_latencies=probe.per_op,
+        op_cold_latency=probe.cold,
     )
 
 
@@ -832,9 +864,7 @@ def measure_host(
         duration=Figure(time.perf_counter() - started, "s", "wall time of the whole measurement"),
         load=load,
         fingerprint=current_fingerprint(),
-        devices=tuple(
-            _device_figures(dev, results, probes[dev].per_op, budget) for dev in ["cpu", *cuda]
-        ),
+        devices=tuple(_device_figures(dev, results, probes[dev], budget) for dev in ["cpu", *cuda]),
         links=tuple(links + absent_links),
         disk=disk,
     )

@@ -76,6 +76,9 @@ def format_report(m: Measurements) -> str:
             ]
         )
         rows.append([dev.name, "op latency", format_value(dev.op_latency), dev.op_latency.note])
+        cold = dev.op_cold_latency
+        if cold is not None:
+            rows.append([dev.name, "op latency, first call cold", format_value(cold), cold.note])
     for link in m.links:
         fig = link.bandwidth
         rows.append([f"{link.src}->{link.dst}", link.name, format_value(fig), fig.note])

@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 6
+METHODS_REVISION = 7
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -25,8 +25,9 @@ every figure is timed with the Python dispatcher off, also inside a compile; 4: 
 slowdown's reads are verified as the runtime's are; 5: the op latency's probe builds masks,
 embeds tokens and runs norms and activations as models' graphs do, and each of its ops is
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
-large model's width too, ``DeviceFigures.matmul_rows_wide``): a cached short profile of an older
-revision is measured again. A file without one is revision 1."""
+large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
+timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``): a
+cached short profile of an older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -178,6 +179,13 @@ class DeviceFigures:
     cost graph gives the op (``"addmm.default"``): an attention call or a concatenation
     costs several times a view. Empty where not measured (an accelerator, whose ops are
     timed as a launch), and in profiles measured before it was."""
+    op_cold_latency: Figure | None = None
+    """What a call pays beyond ``op_latency`` the first time it runs a kind of op, when the
+    caches hold none of its code and data: the probe graph timed with the caches evicted
+    before each call, less its time back to back, over its kinds of op. Between two calls
+    of a model, the framework's and the user's code and the weights streamed evict them
+    (on the 2-core development machine a small Llama's graph ran 20% slower so). ``None``
+    where not measured (an accelerator, and profiles measured before it was)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +206,9 @@ class DeviceFigures:
                 for dtype, by_rows in self.matmul_rows_wide.items()
             },
             "op_latencies": {op: fig.to_dict() for op, fig in self.op_latencies.items()},
+            "op_cold_latency": (
+                self.op_cold_latency.to_dict() if self.op_cold_latency is not None else None
+            ),
         }
 
     @classmethod
@@ -227,6 +238,11 @@ class DeviceFigures:
                     data.get("op_latencies", {}), f"{where}.op_latencies"
                 ).items()
             },
+            op_cold_latency=(
+                Figure.from_dict(data["op_cold_latency"], f"{where}.op_cold_latency")
+                if data.get("op_cold_latency") is not None
+                else None
+            ),
         )
 
 

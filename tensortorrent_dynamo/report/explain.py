@@ -90,9 +90,10 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
     flops: dict[tuple[str, int | None, int | None], float] = {}
     for graph in graphs:
         nodes, keys = graph.plan.cost.nodes, graph.plan.cost.rate_keys()
-        for node, (dtype, rows, width, _) in zip(nodes, keys, strict=True):
+        for node, key in zip(nodes, keys, strict=True):
             if node.flops > 0:
-                flops[(dtype, rows, width)] = flops.get((dtype, rows, width), 0.0) + node.flops
+                shape = (key.dtype, key.rows, key.width)
+                flops[shape] = flops.get(shape, 0.0) + node.flops
     devices = [planned.profile for planned in graphs[0].plan.devices]
     if all(
         key[0] == "float32" and node_rate(dev, *key) == dev.flops_per_s
@@ -129,7 +130,7 @@ def _explain_ops(graphs: Sequence[CompiledGraph]) -> list[str]:
         and node.bytes_accessed == 0
         and node.target != "getitem"
     )
-    called = {op for graph in graphs for *_, ops in graph.plan.cost.rate_keys() for op in ops}
+    called = {op for graph in graphs for key in graph.plan.cost.rate_keys() for op in key.ops}
     costs = ", ".join(_op_costs(planned.profile, called) for planned in graphs[0].plan.devices)
     return [
         f"  ops: {ops} (each graph once; {views} views or other ops moving no bytes), each "
@@ -146,6 +147,11 @@ def _op_costs(dev: DeviceProfile, called: set[str]) -> str:
         text += (
             f", or the op's own where measured ({len(own)} of the {len(called)} kinds of op "
             f"called: {format_seconds(own[0])} to {format_seconds(own[-1])})"
+        )
+    if dev.cold_latency_s > 0:
+        text += (
+            f", and {format_seconds(dev.cold_latency_s)} more the first time a call runs "
+            "each kind (caches cold)"
         )
     return text
 

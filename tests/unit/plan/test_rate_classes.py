@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo._native import native_planner
-from tensortorrent_dynamo.cost_graph import build_cost_graph
+from tensortorrent_dynamo.cost_graph import RateKey, build_cost_graph
 from tensortorrent_dynamo.functional import capture as functional_capture
 from tensortorrent_dynamo.plan.planner import (
     PlannedDevice,
@@ -31,6 +31,7 @@ def _host(
     by_rows: dict[str, dict[int, float]] | None = None,
     latency_s: float = 0.0,
     latency_by_op: dict[str, float] | None = None,
+    cold_latency_s: float = 0.0,
 ) -> DeviceProfile:
     rates = {"float32": 1e9, **({"bfloat16": bf16_rate} if bf16_rate else {})}
     return DeviceProfile(
@@ -44,6 +45,7 @@ def _host(
         flops_by_dtype=rates,
         flops_by_rows=by_rows or {},
         latency_by_op=latency_by_op or {},
+        cold_latency_s=cold_latency_s,
     )
 
 
@@ -64,7 +66,10 @@ def _predicted(
 
 
 def test_a_devices_rate_per_dtype_is_what_its_nodes_are_costed_at() -> None:
-    keys = [("bfloat16", None, None, ("mm.default",)), ("float16", None, None, ("mm.default",))]
+    keys = [
+        RateKey("bfloat16", None, None, ("mm.default",), ()),
+        RateKey("float16", None, None, ("mm.default",), ()),
+    ]
     assert class_rates(_host(4e9), keys) == [4e9, 1e9], "float16 unmeasured: float32's"
     unmeasured, measured = _predicted(None), _predicted(4e9)
     flops = 2 * 2 * 64 * 512 * 512
@@ -90,7 +95,7 @@ def test_a_small_batch_matmul_is_costed_at_the_rate_of_its_rows() -> None:
     model = mlp(512, 2)
     (graph,) = capture(model, torch.randn(4, 512))
     assert {n.rows for n in graph.nodes if n.flops > 0} == {4}
-    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4, 512, ("linear",)),)
+    assert rate_keys([graph], [_host(None, ROWS)]) == (("float32", 4, 512, ("linear",), ()),)
     assert rate_keys([graph], [_host(None)]) == (), "every FLOP at the float32 rate"
     square = _predicted(None, dtype=torch.float32, batch=4)
     by_rows = _predicted(None, ROWS, dtype=torch.float32, batch=4)
@@ -104,13 +109,13 @@ def test_each_op_pays_the_fixed_cost_measured_for_it() -> None:
     a profile without figures by op plans with one figure for every op, as before them."""
     ((gm, inputs),) = functional_capture(mlp(512, 2), torch.randn(4, 512))
     graph = build_cost_graph(gm, inputs.values, inputs.params)
-    calls = {ops for *_, ops in graph.rate_keys() if ops}
+    calls = {key.ops for key in graph.rate_keys() if key.ops}
     assert calls == {("addmm.default", "t.default"), ("relu.default",)}, calls
     one_cost = _host(None, latency_s=1.0)
     assert rate_keys([graph], [one_cost]) == ()
     by_op = _host(None, latency_s=1.0, latency_by_op={"addmm.default": 3.0, "t.default": 0.5})
     keys = rate_keys([graph], [by_op])
-    assert [ops for *_, ops in keys] == [("addmm.default", "t.default")], keys
+    assert [key.ops for key in keys] == [("addmm.default", "t.default")], keys
     assert class_latencies(by_op, keys) == [3.5]
 
     def predicted(host: DeviceProfile) -> float:
@@ -125,6 +130,38 @@ def test_each_op_pays_the_fixed_cost_measured_for_it() -> None:
     flops_s = 2 * 2 * 4 * 512**2 / 1e9
     assert predicted(one_cost) == pytest.approx(6.0 + flops_s, rel=1e-6)
     assert predicted(by_op) == pytest.approx(9.0 + flops_s, rel=1e-6)
+
+
+def test_a_call_pays_the_cold_cost_once_for_each_kind_of_op_it_runs() -> None:
+    """The first node of a graph to call a kind of op pays the profile's cold cost for it
+    on top of the op's fixed cost; later nodes calling it pay only the fixed cost; a
+    profile without a cold cost adds no classes for it."""
+    ((gm, inputs),) = functional_capture(mlp(512, 3), torch.randn(4, 512))
+    graph = build_cost_graph(gm, inputs.values, inputs.params)
+    called = [key for key in graph.rate_keys() if key.ops]
+    assert [key.first for key in called] == [
+        ("addmm.default", "t.default"),
+        ("relu.default",),
+        (),
+        (),
+        (),
+        (),
+    ], called
+    assert rate_keys([graph], [_host(None, latency_s=1.0)]) == ()
+    host = _host(None, latency_s=1.0, cold_latency_s=10.0)
+    keys = rate_keys([graph], [host])
+    assert [(key.ops, key.first) for key in keys] == [
+        (("relu.default",), ("relu.default",)),
+        (("addmm.default", "t.default"), ("addmm.default", "t.default")),
+    ], keys
+    assert class_latencies(host, keys) == [11.0, 22.0]
+    profile = HostProfile(devices=(host,), source="test")
+    devices = native_device_list([PlannedDevice(host, 1 << 34)], profile, graph, keys)
+    native = native_planner().plan(graph.to_native(rate_classes=keys), devices, "latency", True)
+    # three layers of addmm + t and relu at 1 s an op, 3 kinds run cold at 10 s more, and
+    # 3 * 2 * 4 * 512^2 FLOPs at 1e9 FLOP/s
+    flops_s = 3 * 2 * 4 * 512**2 / 1e9
+    assert native.predicted_time_s == pytest.approx(9.0 + 30.0 + flops_s, rel=1e-6)
 
 
 def test_a_matmul_wider_than_the_rates_by_rows_runs_at_the_rate_measured_that_wide() -> None:
