@@ -49,7 +49,9 @@ class CostGraph:
     0 otherwise; ``node_alias`` (per node: the input whose storage its value shares, a
     view of it, which then allocates nothing on its device and keeps that input's copy
     there alive as long as itself; ``None`` for a node with storage of its own) to all
-    ``None``. Raises
+    ``None``; ``node_kinds`` (per node: the ids of the kinds of op it runs, from 0, each
+    once; a segment pays its device's ``cold_latency_s`` the first time it runs a kind) to
+    none. Raises
     ``InvalidCostGraph`` when an array has the wrong length, an id is out of range, an
     input does not come before its consumer or a home is unknown.
     """
@@ -73,6 +75,7 @@ class CostGraph:
         node_rate_class: Sequence[int] | None = None,
         node_ops: Sequence[int] | None = None,
         node_alias: Sequence[int | None] | None = None,
+        node_kinds: Sequence[Sequence[int]] | None = None,
     ) -> CostGraph: ...
     @property
     def num_nodes(self) -> int:
@@ -95,7 +98,9 @@ class Device:
     while disk reads run: the part of a node's run that overlaps the reads queued so far
     is slowed (at least 1; 1, the default, is not modelled). ``class_latency_s`` holds the
     fixed cost of a node of each rate class from 1 that calls any op, all its ops together;
-    class 0 and the classes it does not list pay ``latency_s`` an op.
+    class 0 and the classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is
+    what a segment pays the first time it runs each kind of op (``CostGraph``'s
+    ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
     """
 
     def __new__(
@@ -114,6 +119,7 @@ class Device:
         disk_latency_s: float = ...,
         read_slowdown: float = ...,
         class_latency_s: Sequence[float] = ...,
+        cold_latency_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -145,6 +151,10 @@ class Device:
     def latency_s(self) -> float:
         """Fixed cost per op, in seconds (a node of a class ``class_latency_s`` lists pays
         that instead)."""
+    @property
+    def cold_latency_s(self) -> float:
+        """What a segment pays the first time it runs each kind of op, beyond the ops'
+        fixed costs, in seconds (0: not modelled)."""
     @property
     def mem_bytes_per_s(self) -> float:
         """Device-memory bandwidth in bytes per second (infinite: not modelled)."""

@@ -48,7 +48,6 @@ class RateKey(typing.NamedTuple):
     rows: int | None  # of a matmul's result; ``None``: not a matmul
     width: int | None  # of a matmul's weight (the square root of its elements)
     ops: tuple[str, ...]  # the ops it calls, whose fixed costs it pays
-    first: tuple[str, ...]  # those of ``ops`` no earlier node of its graph calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,24 +192,42 @@ class CostGraph:
         """What each node is costed by besides its FLOPs and bytes (:class:`RateKey`): the
         dtype its FLOPs run in (float32 for a node with none), the rows of a matmul's result
         and the width of its weight (the square root of its FLOPs over twice its rows: of
-        the product of the weight's two sizes), the ops it calls (by ``target``; a view of
-        parameters taken where its reader runs is called by the reader), whose fixed costs
-        it pays, and those of them no earlier node calls, which it calls with cold caches."""
+        the product of the weight's two sizes), and the ops it calls (by ``target``; a view
+        of parameters taken where its reader runs is called by the reader), whose fixed
+        costs it pays."""
+        return [
+            RateKey(
+                node.dtype or "float32",
+                node.rows,
+                round(math.sqrt(node.flops / (2 * node.rows))) or None if node.rows else None,
+                ops,
+            )
+            for node, ops in zip(self.nodes, self.node_calls(), strict=True)
+        ]
+
+    def node_calls(self) -> list[tuple[str, ...]]:
+        """The ops each node calls (by ``target``): its own, and the views of parameters
+        taken where it runs (``runs_with``)."""
         views: dict[int, list[str]] = {}
         for nid, reader in enumerate(self.runs_with):
             if reader != nid:
                 views.setdefault(reader, []).append(self.nodes[nid].target)
-        keys = []
-        seen: set[str] = set()
+        calls = []
         for nid, node in enumerate(self.nodes):
             taken = views.get(nid, [])
             own = (node.target,) if node.op_count > len(taken) else ()
-            ops = (*own, *taken)
-            width = round(math.sqrt(node.flops / (2 * node.rows))) if node.rows else None
-            first = tuple(sorted({op for op in ops if op not in seen and op != "getitem"}))
-            seen.update(ops)
-            keys.append(RateKey(node.dtype or "float32", node.rows, width or None, ops, first))
-        return keys
+            calls.append((*own, *taken))
+        return calls
+
+    def node_kinds(self) -> list[list[int]]:
+        """The kinds of op each node calls (:meth:`node_calls`, an item taken from a tuple
+        left out), numbered from 0 in order of first call: a segment runs each kind the
+        first time with cold caches (``Device.cold_latency_s``)."""
+        ids: dict[str, int] = {}
+        return [
+            sorted({ids.setdefault(op, len(ids)) for op in ops if op != "getitem"})
+            for ops in self.node_calls()
+        ]
 
     @property
     def state_bytes(self) -> int:
@@ -351,9 +368,8 @@ class CostGraph:
         (``state``) on an accelerator between calls; else they stay in host memory, as
         every other graph input does. A node whose ``rate_keys()`` is ``rate_classes[k]`` is of
         rate class ``k + 1`` (costed at each device's rate and fixed cost for it, see
-        ``plan.planner.rate_keys``; a node whose key is not there, of the class of its key
-        without ``first`` if that is there), any other of class 0 (the float32 rate, the device's
-        fixed cost per op)."""
+        ``plan.planner.rate_keys``), any other of class 0 (the float32 rate, the device's
+        fixed cost per op). Each node's kinds of op (:meth:`node_kinds`) go too."""
         classes = {key: k + 1 for k, key in enumerate(rate_classes)}
         movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
@@ -380,11 +396,10 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
-            node_rate_class=[
-                classes.get(key, classes.get(key._replace(first=()), 0)) for key in self.rate_keys()
-            ],
+            node_rate_class=[classes.get(key, 0) for key in self.rate_keys()],
             node_ops=[n.op_count for n in self.nodes],
             node_alias=[n.alias for n in self.nodes],
+            node_kinds=self.node_kinds(),
         )
 
 

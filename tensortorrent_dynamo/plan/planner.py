@@ -119,11 +119,11 @@ def op_latency(device: DeviceProfile, op: str) -> float:
     return device.latency_by_op.get(op, device.latency_s)
 
 
-def fixed_cost(device: DeviceProfile, ops: Sequence[str], first: Sequence[str] = ()) -> float:
+def fixed_cost(device: DeviceProfile, ops: Sequence[str]) -> float:
     """The fixed cost ``device`` charges a node that calls ``ops``: each op's
-    :func:`op_latency`, and the cost of a cold first call (``DeviceProfile.cold_latency_s``)
-    for each of them the call has not run yet (``first``)."""
-    return sum(op_latency(device, op) for op in ops) + device.cold_latency_s * len(first)
+    :func:`op_latency` (and, the first time its segment runs a kind of op, the device's
+    ``cold_latency_s``: the native planner adds that, knowing the segments)."""
+    return sum(op_latency(device, op) for op in ops)
 
 
 def rate_keys(
@@ -135,11 +135,9 @@ def rate_keys(
     ``CostGraph.to_native`` numbers from 1, each costed at a device's :func:`node_rate`
     and :func:`fixed_cost` for it. Any other node is of class 0, run at a device's
     ``flops_per_s`` paying its ``latency_s`` an op, so a graph costed throughout at those
-    plans and hashes as it did before classes; where no device has a cold cost, the first
-    node to call an op is of the class of the others (its key without ``first``)."""
-    cold = any(d.cold_latency_s > 0 for d in devices)
+    plans and hashes as it did before classes."""
     keys = {
-        key if cold else key._replace(first=())
+        key
         for graph in graphs
         if graph is not None
         for node, key in zip(graph.nodes, graph.rate_keys(), strict=True)
@@ -151,7 +149,6 @@ def rate_keys(
         if any(
             node_rate(d, key.dtype, key.rows, key.width) != d.flops_per_s
             or any(op in d.latency_by_op for op in key.ops)
-            or (key.first and d.cold_latency_s > 0)
             for d in devices
         )
     }
@@ -163,7 +160,6 @@ def rate_keys(
                 -1 if k.rows is None else k.rows,
                 -1 if k.width is None else k.width,
                 k.ops,
-                k.first,
             ),
         )
     )
@@ -176,7 +172,7 @@ def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
 
 def class_latencies(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """The fixed cost ``device`` charges a node of each of ``keys``, all its ops."""
-    return [fixed_cost(device, k.ops, k.first) for k in keys]
+    return [fixed_cost(device, k.ops) for k in keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,6 +357,7 @@ def native_device_list(
             h2d_bytes_per_s=0.0 if d.profile.is_host else d.profile.h2d_bytes_per_s,
             d2h_bytes_per_s=0.0 if d.profile.is_host else d.profile.d2h_bytes_per_s,
             latency_s=d.profile.latency_s,
+            cold_latency_s=d.profile.cold_latency_s,
             # an unmeasured bandwidth is infinite: memory traffic is then not modelled
             mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
             # only the host reads from disk

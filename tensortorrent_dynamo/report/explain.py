@@ -150,7 +150,7 @@ def _op_costs(dev: DeviceProfile, called: set[str]) -> str:
         )
     if dev.cold_latency_s > 0:
         text += (
-            f", and {format_seconds(dev.cold_latency_s)} more the first time a call runs "
+            f", and {format_seconds(dev.cold_latency_s)} more the first time a segment runs "
             "each kind (caches cold)"
         )
     return text

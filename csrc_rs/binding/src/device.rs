@@ -28,6 +28,7 @@ impl PyDevice {
         disk_latency_s = 0.0,
         read_slowdown = 1.0,
         class_latency_s = Vec::new(),
+        cold_latency_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -43,6 +44,7 @@ impl PyDevice {
         disk_latency_s: f64,
         read_slowdown: f64,
         class_latency_s: Vec<f64>,
+        cold_latency_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -55,6 +57,7 @@ impl PyDevice {
                 h2d_bytes_per_s,
                 d2h_bytes_per_s,
                 latency_s,
+                cold_latency_s,
                 mem_bytes_per_s,
                 disk_bytes_per_s,
                 disk_latency_s,
@@ -120,6 +123,13 @@ impl PyDevice {
         self.inner.latency_s
     }
 
+    /// What a segment pays the first time it runs each kind of op, beyond
+    /// the ops' fixed costs, in seconds (0: not modelled).
+    #[getter]
+    fn cold_latency_s(&self) -> f64 {
+        self.inner.cold_latency_s
+    }
+
     /// Device-memory bandwidth in bytes per second (infinite: not modelled).
     #[getter]
     fn mem_bytes_per_s(&self) -> f64 {
@@ -152,7 +162,7 @@ impl PyDevice {
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -164,6 +174,11 @@ impl PyDevice {
             float_repr(d.disk_bytes_per_s),
             list_repr("class_flops_per_s", &d.class_flops_per_s),
             list_repr("class_latency_s", &d.class_latency_s),
+            if d.cold_latency_s > 0.0 {
+                format!(", cold_latency_s={}", float_repr(d.cold_latency_s))
+            } else {
+                String::new()
+            },
             if d.disk_latency_s > 0.0 {
                 format!(", disk_latency_s={}", float_repr(d.disk_latency_s))
             } else {

@@ -32,6 +32,7 @@ impl PyCostGraph {
         node_rate_class = None,
         node_ops = None,
         node_alias = None,
+        node_kinds = None,
     ))]
     fn new(
         py: Python<'_>,
@@ -51,6 +52,7 @@ impl PyCostGraph {
         node_rate_class: Option<Vec<u32>>,
         node_ops: Option<Vec<u32>>,
         node_alias: Option<Vec<Option<u32>>>,
+        node_kinds: Option<Vec<Vec<u32>>>,
     ) -> PyResult<Self> {
         let build = || -> Result<CostGraph, PlanError> {
             let mut graph = CostGraph::new(
@@ -89,6 +91,9 @@ impl PyCostGraph {
             if let Some(alias) = node_alias {
                 let alias = alias.into_iter().map(|a| a.unwrap_or(u32::MAX)).collect();
                 graph = graph.with_node_alias(alias)?;
+            }
+            if let Some(kinds) = node_kinds {
+                graph = graph.with_node_kinds(&kinds)?;
             }
             Ok(graph)
         };

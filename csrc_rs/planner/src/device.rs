@@ -33,6 +33,13 @@ pub struct Device {
     pub d2h_bytes_per_s: f64,
     /// Fixed cost added to every node run on this device, in seconds.
     pub latency_s: f64,
+    /// What a segment pays, beyond its ops' fixed costs, the first time it
+    /// runs each kind of op (`CostGraph::node_kinds`), in seconds: between
+    /// two segments the runtime's own work, the reads and the other
+    /// segments evict the op's code and data from the caches, and between
+    /// two calls the framework's and the user's code do. 0 means "not
+    /// modelled".
+    pub cold_latency_s: f64,
     /// Device-memory bandwidth in bytes per second: a node takes at least
     /// its memory traffic over this rate (memory-bound ops such as
     /// elementwise ops and norms). Infinite means "not modelled".
@@ -77,6 +84,7 @@ impl Device {
             h2d_bytes_per_s,
             d2h_bytes_per_s,
             latency_s,
+            cold_latency_s: 0.0,
             mem_bytes_per_s: f64::INFINITY,
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
@@ -229,6 +237,7 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
         }
         for (field, value) in [
             ("latency_s", d.latency_s),
+            ("cold_latency_s", d.cold_latency_s),
             ("disk_latency_s", d.disk_latency_s),
         ] {
             if !(value.is_finite() && value >= 0.0) {

@@ -76,6 +76,11 @@ pub struct CostGraph {
     // per node: the input whose storage its value shares (a view of it), or
     // `u32::MAX` when it has storage of its own
     node_alias: Vec<u32>,
+    // per node (offsets into `node_kind_ids`): the kinds of op it runs; none
+    // set: no kinds known
+    node_kind_offsets: Vec<u32>,
+    node_kind_ids: Vec<u32>,
+    num_kinds: u32,
     param_home: Vec<Tier>,
     param_disk_allowed: Vec<bool>,
     // per node: for a graph output that is the new value of a state input (a
@@ -343,6 +348,9 @@ impl CostGraph {
             node_rate_class: vec![0; n],
             node_ops: None,
             node_alias: vec![u32::MAX; n],
+            node_kind_offsets: vec![0; n + 1],
+            node_kind_ids: Vec::new(),
+            num_kinds: 0,
             param_home: vec![Tier::Host; p],
             param_disk_allowed: vec![false; p],
             output_state: vec![u32::MAX; n],
@@ -413,6 +421,34 @@ impl CostGraph {
             }
         }
         self.node_alias = alias;
+        Ok(self)
+    }
+
+    /// Sets the kinds of op each node runs (ids from 0, one per kind: the
+    /// node's own op and the views of weights it runs): a segment pays its
+    /// device's `Device::cold_latency_s` for each kind the first time it runs
+    /// it. By default no node has a kind.
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidGraph`] when the length is not the node count or a
+    /// node lists a kind twice.
+    pub fn with_node_kinds(mut self, kinds: &[Vec<u32>]) -> Result<Self, PlanError> {
+        self.check_per_node("node_kinds", kinds.len())?;
+        let mut offsets = Vec::with_capacity(kinds.len() + 1);
+        let mut ids = Vec::new();
+        offsets.push(0);
+        for (v, own) in kinds.iter().enumerate() {
+            for (i, k) in own.iter().enumerate() {
+                if own[..i].contains(k) {
+                    return Err(invalid(format!("node_kinds[{v}] lists kind {k} twice")));
+                }
+            }
+            ids.extend_from_slice(own);
+            offsets.push(u32::try_from(ids.len()).map_err(|_| invalid("too many node kinds"))?);
+        }
+        self.num_kinds = ids.iter().max().map_or(0, |&k| k + 1);
+        self.node_kind_offsets = offsets;
+        self.node_kind_ids = ids;
         Ok(self)
     }
 
@@ -612,6 +648,26 @@ impl CostGraph {
     #[must_use]
     pub fn node_alias_ids(&self) -> &[u32] {
         &self.node_alias
+    }
+
+    /// The kinds of op node `v` runs (see `with_node_kinds`).
+    #[must_use]
+    pub fn node_kinds(&self, v: usize) -> &[u32] {
+        let (lo, hi) = (self.node_kind_offsets[v], self.node_kind_offsets[v + 1]);
+        &self.node_kind_ids[lo as usize..hi as usize]
+    }
+
+    /// How many kinds of op the nodes run (one more than the largest id).
+    #[must_use]
+    pub fn num_kinds(&self) -> usize {
+        self.num_kinds as usize
+    }
+
+    /// Every node's kinds, flat, and where each node's start (`n + 1`
+    /// offsets).
+    #[must_use]
+    pub fn node_kinds_flat(&self) -> (&[u32], &[u32]) {
+        (&self.node_kind_offsets, &self.node_kind_ids)
     }
 
     /// Home tier of each parameter.

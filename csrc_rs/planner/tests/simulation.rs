@@ -304,6 +304,36 @@ fn a_node_of_a_class_with_a_fixed_cost_pays_it_for_all_its_ops() {
     assert_ne!(hash(&devices), hash(&other));
 }
 
+#[test]
+fn a_segment_pays_the_cold_cost_once_for_each_kind_of_op_it_runs() {
+    let mut devices = exact_devices();
+    devices[0].cold_latency_s = 0.25;
+    devices[1].cold_latency_s = 0.5;
+    // both layers run the same kind of op (0), the input none
+    let g = two_layers()
+        .with_node_kinds(&[vec![], vec![0], vec![0]])
+        .unwrap();
+    // One segment on the host: its first layer runs kind 0 cold, the second warm.
+    let host = simulate(&g, &devices, &[0, 0, 0], &[false; 2], 1).unwrap();
+    assert_close(node_seconds(&host, 1), 1.0 + 0.25);
+    assert_close(node_seconds(&host, 2), 1.0);
+    // The second layer in a segment of its own, on the accelerator: cold there too.
+    let split = simulate(&g, &devices, &[0, 0, 1], &[false; 2], 1).unwrap();
+    assert_close(node_seconds(&split, 1), 1.0 + 0.25);
+    assert_close(node_seconds(&split, 2), 1e-3 + 0.5);
+    // No cold cost: the kinds change nothing, and the hash tells the two apart.
+    let warm = exact_devices();
+    let plain = simulate(&g, &warm, &[0, 0, 0], &[false; 2], 1).unwrap();
+    assert_close(plain.predicted_time_s, 2.0);
+    let hash = |g: &CostGraph, devices: &[Device]| {
+        tensortorrent_planner::plan(g, devices, tensortorrent_planner::Objective::Latency, true)
+            .unwrap()
+            .plan_hash
+    };
+    assert_eq!(hash(&g, &warm), hash(&two_layers(), &warm));
+    assert_ne!(hash(&g, &devices), hash(&g, &warm));
+}
+
 /// `two_layers` run on the host (`exact_devices`, as `host` sets its disk)
 /// with both weights on disk, streamed, and both reads issued at the start
 /// (depth 2).

@@ -56,6 +56,22 @@ fn graph_error(edit: impl FnOnce(&mut Arrays)) -> String {
 }
 
 #[test]
+fn node_kinds_are_one_list_per_node_each_kind_once() {
+    let g = build(valid()).unwrap();
+    let short = g.clone().with_node_kinds(&[vec![], vec![0]]);
+    assert!(matches!(short, Err(PlanError::InvalidGraph(m)) if m.contains("node_kinds")));
+    let twice = g.clone().with_node_kinds(&[vec![], vec![0, 1], vec![1, 1]]);
+    assert!(
+        matches!(twice, Err(PlanError::InvalidGraph(m)) if m.contains("node_kinds[2] lists kind 1 twice"))
+    );
+    let g = g.with_node_kinds(&[vec![], vec![0, 3], vec![3]]).unwrap();
+    assert_eq!(
+        (g.node_kinds(1), g.node_kinds(2), g.num_kinds()),
+        (&[0, 3][..], &[3][..], 4)
+    );
+}
+
+#[test]
 fn valid_graph_builds() {
     let g = build(valid()).unwrap();
     assert_eq!(g.num_nodes(), 3);
@@ -224,6 +240,9 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut odd = accelerator("a", 1);
     odd.class_latency_s = vec![1e-6, -1.0];
     assert!(device_error(&[host(1), odd]).contains("class_latency_s[1] = -1"));
+    let mut cold = host(1);
+    cold.cold_latency_s = f64::INFINITY;
+    assert!(device_error(&[cold]).contains("cold_latency_s = inf"));
     let mut quick = host(1);
     quick.read_slowdown = 0.5;
     assert!(device_error(&[quick]).contains("read_slowdown = 0.5"));

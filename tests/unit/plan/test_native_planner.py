@@ -193,3 +193,10 @@ def test_a_device_s_class_lists_are_in_its_repr_when_given() -> None:
         "cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6, class_flops_per_s=[2e9], class_latency_s=[3e-6]
     )
     assert repr(classes).endswith(", class_flops_per_s=[2000000000.0], class_latency_s=[3e-6])")
+
+
+def test_a_device_s_cold_cost_is_in_its_repr_and_read_back_when_given() -> None:
+    plain = planner.Device("cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6)
+    assert "cold_latency_s" not in repr(plain) and plain.cold_latency_s == 0.0
+    cold = planner.Device("cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6, cold_latency_s=9.5e-6)
+    assert repr(cold).endswith(", cold_latency_s=9.5e-6)") and cold.cold_latency_s == 9.5e-6

@@ -126,5 +126,5 @@ def test_the_fixed_cost_of_ops_measured_one_by_one_is_shown_with_its_range() -> 
     assert _op_costs(host, {"index.Tensor"}) == "cpu 3.0 us"
     cold = _host(None, latency_s=3e-6, cold_latency_s=9.5e-6)
     assert _op_costs(cold, {"index.Tensor"}) == (
-        "cpu 3.0 us, and 9.5 us more the first time a call runs each kind (caches cold)"
+        "cpu 3.0 us, and 9.5 us more the first time a segment runs each kind (caches cold)"
     )

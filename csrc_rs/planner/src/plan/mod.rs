@@ -523,6 +523,16 @@ impl Planner {
             h.str("node_alias");
             h.u32s(g.node_alias_ids());
         }
+        // hashed only where modelled, so that other plans keep their hashes
+        if g.num_kinds() > 0 && devices.iter().any(|d| d.cold_latency_s > 0.0) {
+            let (offsets, ids) = g.node_kinds_flat();
+            h.str("node_kinds");
+            h.u32s(offsets);
+            h.u32s(ids);
+            for d in devices {
+                h.f64(d.cold_latency_s);
+            }
+        }
         if g.has_disk_params() {
             h.str("param_home");
             for t in g.param_home() {

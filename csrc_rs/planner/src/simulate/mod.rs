@@ -398,6 +398,8 @@ pub(crate) struct Workspace {
     same_segment: Vec<u32>,
     other_segments: Vec<u32>,
     last_segment: Vec<u32>,
+    // per kind of op: the segment that ran it last (`u32::MAX`: none yet)
+    kind_segment: Vec<u32>,
     consumer_devices: Vec<u32>,
     reload_offsets: Vec<u32>,
     reload_ids: Vec<u32>,
@@ -682,6 +684,23 @@ impl Workspace {
         self.other_segments.resize(nd, 0);
         self.last_segment.clear();
         self.last_segment.resize(nd, u32::MAX);
+        self.kind_segment.clear();
+        self.kind_segment.resize(inp.g.num_kinds(), u32::MAX);
+    }
+
+    /// What node `x` of segment `sid` pays on `device` for the kinds of op
+    /// its segment has not run yet (`Device::cold_latency_s` each), which
+    /// it then has.
+    fn cold_cost(&mut self, g: &CostGraph, device: &Device, x: usize, sid: u32) -> f64 {
+        let mut cold = 0;
+        for &k in g.node_kinds(x) {
+            let last = &mut self.kind_segment[k as usize];
+            if *last != sid {
+                *last = sid;
+                cold += 1;
+            }
+        }
+        f64::from(cold) * device.cold_latency_s
     }
 
     /// The copy of y's value that a node of segment `sid` on `d` reads:
@@ -716,7 +735,7 @@ impl Workspace {
             g.node_bytes_accessed()[x],
             g.node_rate_class()[x],
             g.node_ops(x),
-        );
+        ) + self.cold_cost(g, device, x, seg.node_segment[x]);
         // slower while the reads queued so far keep the disk busy
         let seconds = if dev == HOST {
             device.while_reading(seconds, start, clock.queues.free_at(Resource::Disk))
