@@ -85,6 +85,33 @@ def node_rate(
     return _log_interp(points, rows) * width_factor(device, rows, width)
 
 
+ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
+"""What the names of attention's ATen ops contain (``aten._scaled_dot_product_flash_attention
+_for_cpu``, ``aten._efficient_attention_forward``, ...)."""
+
+
+def is_attention(op: str) -> bool:
+    """Whether the op named ``op`` (a cost node's ``target``) computes attention."""
+    return any(part in op for part in ATTENTION_OPS)
+
+
+def attention_rate(device: DeviceProfile, dtype: str) -> float:
+    """The rate ``device`` runs attention's FLOPs in ``dtype`` at: its measured float32
+    attention rate (``DeviceProfile.attention_flops_per_s``) scaled as ``dtype``'s
+    :func:`dtype_rate` is to float32's; :func:`dtype_rate` where not measured."""
+    if device.attention_flops_per_s is None:
+        return dtype_rate(device, dtype)
+    return device.attention_flops_per_s * dtype_rate(device, dtype) / device.flops_per_s
+
+
+def key_rate(device: DeviceProfile, key: RateKey) -> float:
+    """The rate ``device`` runs the FLOPs of a node of rate key ``key`` at: attention's for
+    a node that calls attention (:func:`attention_rate`), else :func:`node_rate`."""
+    if any(is_attention(op) for op in key.ops):
+        return attention_rate(device, key.dtype)
+    return node_rate(device, key.dtype, key.rows, key.width)
+
+
 def width_factor(device: DeviceProfile, rows: int, width: int | None) -> float:
     """How much faster (above 1) or slower a matmul of ``rows`` rows by a weight of
     ``width`` squared elements runs than by the weights ``device``'s rates by rows were
@@ -132,7 +159,7 @@ def rate_keys(
     """The rate keys of the nodes in ``graphs`` that some of ``devices`` costs otherwise
     than a float32 node of no rows (another compute rate for nodes with FLOPs, another
     fixed cost for nodes that call an op), sorted: the rate classes beyond 0 that
-    ``CostGraph.to_native`` numbers from 1, each costed at a device's :func:`node_rate`
+    ``CostGraph.to_native`` numbers from 1, each costed at a device's :func:`key_rate`
     and :func:`fixed_cost` for it. Any other node is of class 0, run at a device's
     ``flops_per_s`` paying its ``latency_s`` an op, so a graph costed throughout at those
     plans and hashes as it did before classes."""
@@ -147,8 +174,7 @@ def rate_keys(
         key
         for key in keys
         if any(
-            node_rate(d, key.dtype, key.rows, key.width) != d.flops_per_s
-            or any(op in d.latency_by_op for op in key.ops)
+            key_rate(d, key) != d.flops_per_s or any(op in d.latency_by_op for op in key.ops)
             for d in devices
         )
     }
@@ -167,7 +193,7 @@ def rate_keys(
 
 def class_rates(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:
     """``device``'s compute rate for each of ``keys`` (rate classes 1, 2, ...)."""
-    return [node_rate(device, k.dtype, k.rows, k.width) for k in keys]
+    return [key_rate(device, k) for k in keys]
 
 
 def class_latencies(device: DeviceProfile, keys: Sequence[RateKey]) -> list[float]:

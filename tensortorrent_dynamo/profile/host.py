@@ -64,6 +64,9 @@ class DeviceProfile:
     latency_by_op: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """The measured fixed cost of an op, by the name a cost graph gives it
     (``DeviceFigures.op_latencies``); an op it does not list costs ``latency_s``."""
+    attention_flops_per_s: float | None = None
+    """The measured rate of float32 attention (``DeviceFigures.attention``); ``None``:
+    attention is costed at ``flops_per_s``."""
     cold_latency_s: float = 0.0
     """What a call pays beyond ``latency_s`` the first time it runs a kind of op, its code
     and data evicted from the caches since the last call (``DeviceFigures.op_cold_latency``;
@@ -99,7 +102,8 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
     by_op = {op: f.value for op, f in dev.op_latencies.items() if f.value is not None}
     cold = dev.op_cold_latency.value if dev.op_cold_latency is not None else None
     wide = _measured_by_rows(dev.matmul_rows_wide)
-    rows_shape: dict[str, Any] = {
+    shared: dict[str, Any] = {
+        "attention_flops_per_s": dev.attention.value if dev.attention is not None else None,
         "rows_width": dev.matmul_rows_n,
         "flops_by_rows_wide": {WIDE_ROWS_N: wide} if wide and dev.matmul_rows_n else {},
     }
@@ -118,7 +122,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
             flops_by_rows=by_rows,
             latency_by_op=by_op,
             cold_latency_s=cold or 0.0,
-            **rows_shape,
+            **shared,
         )
     h2d, d2h = m.link("h2d pinned", "cpu", name), m.link("d2h pinned", name, "cpu")
     return DeviceProfile(
@@ -133,7 +137,7 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
         memory_bandwidth_bytes_per_s=dev.memory_bandwidth.value,
         flops_by_rows=by_rows,
         latency_by_op=by_op,
-        **rows_shape,
+        **shared,
     )
 
 

@@ -253,6 +253,41 @@ def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
     )
 
 
+ATTENTION_SHAPE = (1, 8, 256, 64)
+"""(batch, heads, tokens, head size) of the attention whose rate ``attention_flops`` times:
+a decoder's prefill of a few hundred tokens. On the 2-core development machine float32
+attention ran at 290-300 GFLOP/s so (the square matmul at 400-415), 225 at 128 tokens by 32
+heads, 75 at 16 tokens."""
+
+
+def attention_flops(device: str, budget: Budget) -> Figure:
+    """FLOP/s of ``scaled_dot_product_attention`` in float32 at :data:`ATTENTION_SHAPE`,
+    causal, its FLOPs counted as a cost graph counts them (``FlopCounterMode``): attention
+    runs far below the square matmul's rate, its products small and a softmax between."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch, heads, tokens, size = ATTENTION_SHAPE
+    q, k, v = (torch.randn(batch, heads, tokens, size, device=device) for _ in range(3))
+
+    def call() -> None:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        call()
+    flops = counter.get_total_flops()
+    per_call, calls = time_per_call(call, _sync((device,)), budget)
+    return Figure(
+        value=flops / per_call,
+        unit="FLOP/s",
+        method=(
+            f"torch.nn.functional.scaled_dot_product_attention of float32 query, key and value "
+            f"of {batch}x{heads}x{tokens}x{size}, causal; its {flops / 1e6:.0f} MFLOP as "
+            f"FlopCounterMode counts them / {_how(budget, calls)}{_threads(device)}"
+        ),
+    )
+
+
 # Bytes of weights a few-row matmul figure cycles through: more than a CPU's or a GPU's
 # caches hold, so that each call reads its weight from memory, as a model's layers do. On
 # the 2-core development machine (480 MiB of L3 reported, shared with other machines) a
@@ -758,6 +793,7 @@ def _device_figures(
         matmul_rows_wide=_rows_results(name, results, "matmul_rows_wide"),
         op_latencies=probe.per_op,
         op_cold_latency=probe.cold,
+        attention=results.get(("attention", name)),
     )
 
 
@@ -821,6 +857,8 @@ def measure_host(
                 label = f"{dev} matmul float32 at {rows} rows, {WIDE_ROWS_N} wide"
                 wide_key = ("matmul_rows_wide", dev, "float32", str(rows))
                 steps.append(_Step(wide_key, label, "FLOP/s", run))
+        run = functools.partial(attention_flops, dev, budget)
+        steps.append(_Step(("attention", dev), f"{dev} attention float32", "FLOP/s", run))
         run = functools.partial(memory_bandwidth, dev, budget)
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
         probes[dev] = OpProbe(dev, budget)

@@ -59,6 +59,9 @@ def format_report(m: Measurements) -> str:
         rows.append([dev.name, "memory", format_value(dev.memory), dev.description])
         for dtype, fig in dev.matmul.items():
             rows.append([dev.name, f"matmul {dtype}", format_value(fig), fig.note])
+        if dev.attention is not None:
+            attention = dev.attention
+            rows.append([dev.name, "attention float32", format_value(attention), attention.note])
         for dtype, by_rows in dev.matmul_rows.items():
             for count, fig in sorted(by_rows.items()):
                 figure = f"matmul {dtype} {count} rows"

@@ -26,8 +26,9 @@ slowdown's reads are verified as the runtime's are; 5: the op latency's probe bu
 embeds tokens and runs norms and activations as models' graphs do, and each of its ops is
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
-timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``): a
-cached short profile of an older revision is measured again. A file without one is revision 1."""
+timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
+attention's rate is measured, ``DeviceFigures.attention``): a cached short profile of an
+older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -186,6 +187,10 @@ class DeviceFigures:
     of a model, the framework's and the user's code and the weights streamed evict them
     (on the 2-core development machine a small Llama's graph ran 20% slower so). ``None``
     where not measured (an accelerator, and profiles measured before it was)."""
+    attention: Figure | None = None
+    """FLOP/s of float32 attention (``scaled_dot_product_attention`` at
+    ``measure.ATTENTION_SHAPE``, its FLOPs as a cost graph counts them): a fraction of the
+    square matmul's rate. ``None`` in profiles measured before it was."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -209,6 +214,7 @@ class DeviceFigures:
             "op_cold_latency": (
                 self.op_cold_latency.to_dict() if self.op_cold_latency is not None else None
             ),
+            "attention": self.attention.to_dict() if self.attention is not None else None,
         }
 
     @classmethod
@@ -241,6 +247,11 @@ class DeviceFigures:
             op_cold_latency=(
                 Figure.from_dict(data["op_cold_latency"], f"{where}.op_cold_latency")
                 if data.get("op_cold_latency") is not None
+                else None
+            ),
+            attention=(
+                Figure.from_dict(data["attention"], f"{where}.attention")
+                if data.get("attention") is not None
                 else None
             ),
         )

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from ..plan.planner import (
     RATE_DTYPES,
+    attention_rate,
     dtype_rate,
+    is_attention,
     node_rate,
     op_latency,
     resident_set,
@@ -84,14 +86,17 @@ RATE_ROWS_SHOWN = 3
 
 
 def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
-    """Which compute rate the FLOPs of each dtype, and of matmuls of each count of rows,
-    were costed at, per device (the "compute" column is the float32 square-matmul rate);
-    nothing for float32 FLOPs all costed at that."""
+    """Which compute rate the FLOPs of each dtype, of matmuls of each count of rows and of
+    attention were costed at, per device (the "compute" column is the float32
+    square-matmul rate); nothing for float32 FLOPs all costed at that."""
     flops: dict[tuple[str, int | None, int | None], float] = {}
+    attention: dict[str, float] = {}
     for graph in graphs:
         nodes, keys = graph.plan.cost.nodes, graph.plan.cost.rate_keys()
         for node, key in zip(nodes, keys, strict=True):
-            if node.flops > 0:
+            if node.flops > 0 and any(is_attention(op) for op in key.ops):
+                attention[key.dtype] = attention.get(key.dtype, 0.0) + node.flops
+            elif node.flops > 0:
                 shape = (key.dtype, key.rows, key.width)
                 flops[shape] = flops.get(shape, 0.0) + node.flops
     devices = [planned.profile for planned in graphs[0].plan.devices]
@@ -99,6 +104,8 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
         key[0] == "float32" and node_rate(dev, *key) == dev.flops_per_s
         for key in flops
         for dev in devices
+    ) and all(
+        attention_rate(dev, dtype) == dev.flops_per_s for dtype in attention for dev in devices
     ):
         return []
     by_dtype: dict[str, dict[int | None, dict[int | None, float]]] = {}
@@ -110,6 +117,16 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
         lines.append(
             f"    {dtype}: {_flops(_total(by_rows))} (each graph once); costed at "
             f"{'; '.join(rates)}"
+        )
+    for dtype, total in sorted(attention.items(), key=lambda item: -item[1]):
+        rates = [
+            f"{dev.name} {format_rate(attention_rate(dev, dtype), 'FLOP/s')}"
+            + (" (measured)" if dev.attention_flops_per_s is not None else "")
+            for dev in devices
+        ]
+        lines.append(
+            f"    attention in {dtype}: {_flops(total)} (each graph once); costed at "
+            f"{', '.join(rates)}"
         )
     return lines
 

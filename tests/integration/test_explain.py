@@ -128,3 +128,21 @@ def test_explain_names_the_rate_of_each_count_of_matmul_rows(tmp_path: Path) -> 
         "    float32: 24.58 kFLOP (each graph once); "
         "costed at cpu matmuls 4.00 GFLOP/s at 4 rows (24.58 kFLOP)"
     )
+
+
+def test_explain_names_the_rate_attention_is_costed_at(tmp_path: Path) -> None:
+    from tests.unit.plan.test_rate_classes import _Attention
+
+    m = resolve.nominal_measurements()
+    cpu = dataclasses.replace(m.devices[0], attention=Figure(2e9, "FLOP/s", "test"))
+    path = tmp_path / "profile.json"
+    path.write_text(dataclasses.replace(m, devices=(cpu, *m.devices[1:])).to_json())
+    torch._dynamo.reset()
+    model, x = _Attention(), torch.randn(1, 32, 64)
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile=str(path))
+    lines = compiled.explain().splitlines()
+    start = lines.index("  FLOPs by dtype, and the rate each device's are costed at:")
+    assert lines[start + 2] == (
+        "    attention in float32: 262.14 kFLOP (each graph once); "
+        "costed at cpu 2.00 GFLOP/s (measured)"
+    ), lines[start : start + 3]

@@ -14,8 +14,10 @@ from tensortorrent_dynamo.cost_graph import RateKey, build_cost_graph
 from tensortorrent_dynamo.functional import capture as functional_capture
 from tensortorrent_dynamo.plan.planner import (
     PlannedDevice,
+    attention_rate,
     class_latencies,
     class_rates,
+    is_attention,
     native_device_list,
     node_rate,
     rate_keys,
@@ -32,6 +34,7 @@ def _host(
     latency_s: float = 0.0,
     latency_by_op: dict[str, float] | None = None,
     cold_latency_s: float = 0.0,
+    attention_flops_per_s: float | None = None,
 ) -> DeviceProfile:
     rates = {"float32": 1e9, **({"bfloat16": bf16_rate} if bf16_rate else {})}
     return DeviceProfile(
@@ -46,6 +49,7 @@ def _host(
         flops_by_rows=by_rows or {},
         latency_by_op=latency_by_op or {},
         cold_latency_s=cold_latency_s,
+        attention_flops_per_s=attention_flops_per_s,
     )
 
 
@@ -180,3 +184,33 @@ def test_a_matmul_wider_than_the_rates_by_rows_runs_at_the_rate_measured_that_wi
     ((gm, inputs),) = functional_capture(mlp(2048, 1), torch.randn(4, 2048))
     graph = build_cost_graph(gm, inputs.values, inputs.params)
     assert [key[:3] for key in rate_keys([graph], [host])] == [("float32", 4, 2048)]
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).view(1, 32, 4, 16).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_attention_is_costed_at_the_rate_measured_for_it() -> None:
+    """A node that calls attention runs at the profile's attention rate (scaled for other
+    dtypes as their matmuls are), the others at their own; without the figure, at the
+    square rate, in no class of its own."""
+    ((gm, inputs),) = functional_capture(_Attention(), torch.randn(1, 32, 64))
+    graph = build_cost_graph(gm, inputs.values, inputs.params)
+    (attention,) = [k for k in graph.rate_keys() if any(is_attention(op) for op in k.ops)]
+    assert attention.rows is None and attention.dtype == "float32", attention
+    assert rate_keys([graph], [_host(None)]) == ()
+    host = _host(4e9, attention_flops_per_s=2.5e8)
+    keys = rate_keys([graph], [host])
+    assert keys == (attention,), "the projection runs at the square rate, in class 0"
+    assert class_rates(host, keys) == [2.5e8]
+    assert attention_rate(host, "bfloat16") == pytest.approx(1e9), "4x, as bfloat16 matmuls"
+    assert attention_rate(_host(None), "float32") == 1e9
+    assert is_attention("_scaled_dot_product_flash_attention_for_cpu.default")
+    assert is_attention("_efficient_attention_forward.default")
+    assert not is_attention("addmm.default")

@@ -241,6 +241,18 @@ def test_the_probe_is_timed_with_cold_caches_too(run: Run) -> None:
     assert "op latency, first call cold" in run.output
 
 
+def test_attention_is_timed_at_its_own_rate(run: Run) -> None:
+    """Float32 attention's rate, its FLOPs counted as a cost graph counts them, is
+    reported and read by the planner."""
+    cpu = next(d for d in run.report["devices"] if d["name"] == "cpu")
+    attention = cpu["attention"]
+    assert "FlopCounterMode" in attention["method"] and "1x8x256x64" in attention["method"]
+    assert 0 < attention["value"] < 10 * cpu["matmul"]["float32"]["value"], attention
+    assert "attention float32" in run.output
+    profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
+    assert profile.device("cpu").attention_flops_per_s == attention["value"]
+
+
 def test_few_row_matmuls_are_timed_at_a_large_model_s_width_too(run: Run) -> None:
     cpu = next(d for d in run.report["devices"] if d["name"] == "cpu")
     assert cpu["matmul_rows_n"] == 1024
