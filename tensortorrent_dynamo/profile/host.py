@@ -68,9 +68,9 @@ class DeviceProfile:
     """The measured rate of float32 attention (``DeviceFigures.attention``); ``None``:
     attention is costed at ``flops_per_s``."""
     cold_latency_s: float = 0.0
-    """What a call pays beyond ``latency_s`` the first time it runs a kind of op, its code
-    and data evicted from the caches since the last call (``DeviceFigures.op_cold_latency``;
-    0 where not measured)."""
+    """What a segment pays beyond its ops' fixed costs the first time it runs a kind of op,
+    its code and data evicted from the caches since (``DeviceFigures.op_cold_latency``; 0
+    where not measured; the native planner adds it, knowing the segments)."""
 
     @property
     def is_host(self) -> bool:

@@ -181,10 +181,11 @@ class DeviceFigures:
     costs several times a view. Empty where not measured (an accelerator, whose ops are
     timed as a launch), and in profiles measured before it was."""
     op_cold_latency: Figure | None = None
-    """What a call pays beyond ``op_latency`` the first time it runs a kind of op, when the
-    caches hold none of its code and data: the probe graph timed with the caches evicted
-    before each call, less its time back to back, over its kinds of op. Between two calls
-    of a model, the framework's and the user's code and the weights streamed evict them
+    """What a segment pays beyond its ops' fixed costs the first time it runs a kind of op,
+    when the caches hold none of its code and data: the probe graph timed with the caches
+    evicted before each call, less its time back to back, over its kinds of op. Between two
+    calls of a model the framework's and the user's code and the weights streamed evict
+    them, and between two segments of a streamed plan the runtime's work and the reads do
     (on the 2-core development machine a small Llama's graph ran 20% slower so). ``None``
     where not measured (an accelerator, and profiles measured before it was)."""
     attention: Figure | None = None
