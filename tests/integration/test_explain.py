@@ -11,7 +11,7 @@ import torch
 
 import tensortorrent as tt
 from tensortorrent_dynamo.profile import resolve
-from tensortorrent_dynamo.profile.schema import Figure
+from tensortorrent_dynamo.profile.schema import Figure, Measurements
 from tests.models import mlp
 
 
@@ -117,14 +117,13 @@ def test_explain_names_the_rate_of_each_count_of_matmul_rows(tmp_path: Path) -> 
         m.devices[0],
         matmul_rows={"float32": {r: Figure(v, "FLOP/s", "test") for r, v in rates.items()}},
     )
-    path = tmp_path / "profile.json"
-    path.write_text(dataclasses.replace(m, devices=(cpu, *m.devices[1:])).to_json())
-    torch._dynamo.reset()
-    model, x = mlp(32, 3), torch.randn(4, 32)
-    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile=str(path))
-    lines = compiled.explain().splitlines()
-    start = lines.index("  FLOPs by dtype, and the rate each device's are costed at:")
-    assert lines[start + 1] == (
+    lines = _rate_lines(
+        tmp_path,
+        dataclasses.replace(m, devices=(cpu, *m.devices[1:])),
+        mlp(32, 3),
+        torch.randn(4, 32),
+    )
+    assert lines[1] == (
         "    float32: 24.58 kFLOP (each graph once); "
         "costed at cpu matmuls 4.00 GFLOP/s at 4 rows (24.58 kFLOP)"
     )
@@ -135,14 +134,22 @@ def test_explain_names_the_rate_attention_is_costed_at(tmp_path: Path) -> None:
 
     m = resolve.nominal_measurements()
     cpu = dataclasses.replace(m.devices[0], attention=Figure(2e9, "FLOP/s", "test"))
-    path = tmp_path / "profile.json"
-    path.write_text(dataclasses.replace(m, devices=(cpu, *m.devices[1:])).to_json())
-    torch._dynamo.reset()
-    model, x = _Attention(), torch.randn(1, 32, 64)
-    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile=str(path))
-    lines = compiled.explain().splitlines()
-    start = lines.index("  FLOPs by dtype, and the rate each device's are costed at:")
-    assert lines[start + 2] == (
+    m = dataclasses.replace(m, devices=(cpu, *m.devices[1:]))
+    lines = _rate_lines(tmp_path, m, _Attention(), torch.randn(1, 32, 64))
+    assert lines[2] == (
         "    attention in float32: 262.14 kFLOP (each graph once); "
         "costed at cpu 2.00 GFLOP/s (measured)"
-    ), lines[start : start + 3]
+    ), lines[:3]
+
+
+def _rate_lines(
+    tmp_path: Path, measurements: Measurements, model: torch.nn.Module, x: torch.Tensor
+) -> list[str]:
+    """Explain's lines from its rates' heading on, for ``model`` planned with a profile of
+    ``measurements``."""
+    path = tmp_path / "profile.json"
+    path.write_text(measurements.to_json())
+    torch._dynamo.reset()
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile=str(path))
+    lines = compiled.explain().splitlines()
+    return lines[lines.index("  FLOPs by dtype, and the rate each device's are costed at:") :]
