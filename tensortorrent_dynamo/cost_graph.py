@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -48,6 +48,16 @@ class RateKey(typing.NamedTuple):
     rows: int | None  # of a matmul's result; ``None``: not a matmul
     width: int | None  # of a matmul's weight (the square root of its elements)
     ops: tuple[str, ...]  # the ops it calls, whose fixed costs it pays
+
+
+def kinds_of(calls: Iterable[Sequence[str]]) -> list[list[int]]:
+    """The kinds of op each node of ``calls`` calls (the ops it calls, an item taken from a
+    tuple left out), numbered from 0 in order of first call: a segment runs each kind the
+    first time with cold caches (``Device.cold_latency_s``)."""
+    ids: dict[str, int] = {}
+    return [
+        sorted({ids.setdefault(op, len(ids)) for op in ops if op != "getitem"}) for ops in calls
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,16 +229,6 @@ class CostGraph:
             calls.append((*own, *taken))
         return calls
 
-    def node_kinds(self) -> list[list[int]]:
-        """The kinds of op each node calls (:meth:`node_calls`, an item taken from a tuple
-        left out), numbered from 0 in order of first call: a segment runs each kind the
-        first time with cold caches (``Device.cold_latency_s``)."""
-        ids: dict[str, int] = {}
-        return [
-            sorted({ids.setdefault(op, len(ids)) for op in ops if op != "getitem"})
-            for ops in self.node_calls()
-        ]
-
     @property
     def state_bytes(self) -> int:
         return sum(s.nbytes for s in self.state)
@@ -369,8 +369,9 @@ class CostGraph:
         every other graph input does. A node whose ``rate_keys()`` is ``rate_classes[k]`` is of
         rate class ``k + 1`` (costed at each device's rate and fixed cost for it, see
         ``plan.planner.rate_keys``), any other of class 0 (the float32 rate, the device's
-        fixed cost per op). Each node's kinds of op (:meth:`node_kinds`) go too."""
+        fixed cost per op). Each node's kinds of op (:func:`kinds_of`) go too."""
         classes = {key: k + 1 for k, key in enumerate(rate_classes)}
+        keys = self.rate_keys()
         movable = {r.input for r in self.state} if state_movable else set()
         input_offsets = [0]
         input_ids: list[int] = []
@@ -396,10 +397,10 @@ class CostGraph:
             param_home=list(param_home) if param_home is not None else None,
             param_disk_allowed=list(disk_allowed) if disk_allowed is not None else None,
             state=[(r.input, r.output, r.in_place) for r in self.state],
-            node_rate_class=[classes.get(key, 0) for key in self.rate_keys()],
+            node_rate_class=[classes.get(key, 0) for key in keys],
             node_ops=[n.op_count for n in self.nodes],
             node_alias=[n.alias for n in self.nodes],
-            node_kinds=self.node_kinds(),
+            node_kinds=kinds_of(key.ops for key in keys),
         )
 
 

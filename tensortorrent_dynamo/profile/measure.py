@@ -571,6 +571,11 @@ class OpProbe:
             ),
         )
 
+    @property
+    def _passes(self) -> int:
+        """Calls of the probe graph that ``_each_op`` and ``_cold`` each time one by one."""
+        return max(5, self.budget.repeats * 6)
+
     def _each_op(
         self,
         graph: torch.fx.GraphModule,
@@ -581,7 +586,7 @@ class OpProbe:
         """Each op of ``graph`` timed on its own, as the graph runs: the median of its
         passes, scaled so that the ops of a pass add up to ``per_call`` (which takes out the
         clock's own cost); by op name, the median over its nodes."""
-        passes = max(5, self.budget.repeats * 6)
+        passes = self._passes
         times: dict[torch.fx.Node, list[float]] = {}
         clock = time.perf_counter
         for _ in range(passes):
@@ -617,8 +622,8 @@ class OpProbe:
     ) -> Figure:
         """What a call of ``graph`` pays beyond ``per_call`` (its time called back to back)
         when the caches were evicted before it (:data:`EVICT_BYTES` written), over its
-        ``kinds`` kinds of op: the median of as many calls as ``_each_op`` makes."""
-        passes = max(5, self.budget.repeats * 6)
+        ``kinds`` kinds of op: the median of ``_passes`` calls."""
+        passes = self._passes
         evict = torch.empty(EVICT_BYTES, dtype=torch.uint8)
         times: list[float] = []
         for _ in range(passes):

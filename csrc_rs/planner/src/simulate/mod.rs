@@ -692,6 +692,11 @@ impl Workspace {
     /// its segment has not run yet (`Device::cold_latency_s` each), which
     /// it then has.
     fn cold_cost(&mut self, g: &CostGraph, device: &Device, x: usize, sid: u32) -> f64 {
+        // a device without a cold cost need not track its segments' kinds (segments
+        // are each on one device)
+        if device.cold_latency_s == 0.0 {
+            return 0.0;
+        }
         let mut cold = 0;
         for &k in g.node_kinds(x) {
             let last = &mut self.kind_segment[k as usize];
