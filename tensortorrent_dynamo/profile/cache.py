@@ -117,8 +117,7 @@ def lookup(fingerprint: Fingerprint) -> CacheLookup:
     if _missing_disk(measurements):
         problem = (
             f"the cached profile {path} has no disk figures, or none of how compute slows "
-            "while the disk reads or of how reads queued through the reader run (measured "
-            "before the short profile measured them)"
+            "while the disk reads (measured before the short profile measured them)"
         )
         return CacheLookup(path, None, problem)
     busy = _busy(measurements)
@@ -147,13 +146,11 @@ def _missing_rows(measurements: Measurements) -> bool:
 
 
 def _missing_disk(measurements: Measurements) -> bool:
-    """Whether ``measurements``, a cached short profile, lacks the disk, how compute slows
-    while it reads, or how reads queued through the reader run, because short profiles did
-    not measure them then."""
+    """Whether ``measurements``, a cached short profile, lacks the disk, or how compute
+    slows while it reads, because short profiles did not measure them then."""
     disk = measurements.disk
     old = disk.read.note == SHORT_NOTE or (
-        disk.read.value is not None
-        and COMPUTE_SLOWDOWN_NOTE in (disk.compute_slowdown.note, disk.queued_read.note)
+        disk.read.value is not None and disk.compute_slowdown.note == COMPUTE_SLOWDOWN_NOTE
     )
     return measurements.mode == "short" and old
 

@@ -208,23 +208,6 @@ def test_a_short_profile_cached_before_it_measured_compute_while_reading_is_meas
     assert "none of how compute slows while the disk reads" in caplog.text
 
 
-def test_a_short_profile_cached_before_it_measured_queued_reads_is_measured_again(
-    measure_calls: list[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    def without_queued_reads(old: dict[str, Any]) -> None:
-        old["disk"]["read"] = {"value": 1.5e9, "unit": "B/s", "method": "fake"}
-        old["disk"]["compute_slowdown"] = {"value": 1.2, "unit": "x", "method": "fake"}
-        del old["disk"]["queued_read"]  # as a short profile of the same revision wrote it
-
-    path, _ = _rewrite_cached(without_queued_reads)
-    assert Measurements.from_json(path.read_text()).disk.queued_read.value is None
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        profile = resolve.host_profile(AUTO)
-    assert measure_calls == ["short", "short"]
-    assert profile.source == "measured now"
-    assert "how reads queued through the reader run" in caplog.text
-
-
 def test_a_short_profile_measured_while_the_machine_was_busy_is_measured_again(
     measure_calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
