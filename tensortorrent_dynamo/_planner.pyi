@@ -101,9 +101,6 @@ class Device:
     class 0 and the classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is
     what a segment pays the first time it runs each kind of op (``CostGraph``'s
     ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
-    ``disk_queue_factor`` ``q`` says how the disk read rate falls as reads queue up: a
-    read issued while ``k`` others are in flight reads at ``disk_bytes_per_s * (q + (1 - q)
-    / (1 + k))`` (in (0, 1]; 1, the default, is not modelled; used on the host).
     """
 
     def __new__(
@@ -123,7 +120,6 @@ class Device:
         read_slowdown: float = ...,
         class_latency_s: Sequence[float] = ...,
         cold_latency_s: float = ...,
-        disk_queue_factor: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -173,11 +169,6 @@ class Device:
     def read_slowdown(self) -> float:
         """How many times longer the host's compute takes while disk reads run (1: not
         modelled)."""
-    @property
-    def disk_queue_factor(self) -> float:
-        """The share of the disk read rate left as reads queue up, used on the host: a read
-        issued with ``k`` others in flight reads at ``disk_bytes_per_s * (q + (1 - q) / (1 +
-        k))`` (1: not modelled)."""
 
 @final
 class Candidate:

@@ -368,8 +368,7 @@ def native_device_list(
     """The devices as the native planner takes them (host first), with a rate for each of
     ``cost``'s rate ``keys`` (:func:`rate_keys`); the host's compute slowed as measured
     while the disk reader streams (``disk.compute_slowdown``), which the simulator applies
-    to the part of each host node that runs while reads do, and its disk reads slower as
-    they queue up (``disk.queued_read``)."""
+    to the part of each host node that runs while reads do."""
     planner = native_planner()
     has_params = bool(cost.params)
     return [
@@ -398,9 +397,6 @@ def native_device_list(
             ),
             read_slowdown=(
                 profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0
-            ),
-            disk_queue_factor=(
-                profile.disk_queue_factor if d.profile.is_host and has_params else 1.0
             ),
         )
         for d in devices

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import QUEUED_READS, WIDE_ROWS_N, Figure, Measurements
+from .schema import READ_LATENCY_BYTES, WIDE_ROWS_N, Figure, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -192,39 +192,18 @@ class HostProfile:
     @property
     def planned_disk_latency_s(self) -> float:
         """The fixed cost of a disk read that the planner uses (less what the transfer of a
-        read queued before it hides): the disk's latency (the measured time of a random 4 KiB
-        read, else the nominal 0.1 ms) plus what the reader's hand-offs cost a read
+        read queued before it hides): the measured time of a small read through the disk
+        reader less its bytes at the read rate (``disk.read_latency``), not under the disk's
+        own 4 KiB latency; in a profile without it, the disk's 4 KiB latency (else the
+        nominal 0.1 ms) plus the reader's hand-offs as a constant
         (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
-        return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
-
-    @property
-    def disk_queue_factor(self) -> float:
-        """How the disk's read rate falls as reads queue up, as the planner models it
-        (``Device.disk_queue_factor`` ``q``: a read issued while ``k`` others are in flight
-        reads at the read rate times ``q + (1 - q) / (1 + k)``), fitted to
-        ``disk.queued_read``, the rate of ``QUEUED_READS`` reads submitted at once over the
-        same reads one at a time: the ``q`` under which the model's transfer times of the
-        queued reads (the ``k``-th with ``k`` ahead) add up to the measured ratio. 1, not
-        modelled, without the figure or where the queued reads ran no slower; at least 0.05.
-        """
-        ratio = self.measurements.disk.queued_read.value if self.measurements else None
-        if not ratio:
-            return 1.0
-        target = QUEUED_READS / ratio  # the queued reads' time in one read's at full rate
-
-        def slowness(q: float) -> float:
-            return sum(1 / (q + (1 - q) / (1 + k)) for k in range(QUEUED_READS))
-
-        if target <= slowness(1.0):
-            return 1.0
-        low, high = 0.05, 1.0
-        if slowness(low) <= target:
-            return low
-        for _ in range(60):  # slowness falls as q rises
-            mid = (low + high) / 2
-            low, high = (mid, high) if slowness(mid) > target else (low, mid)
-        return (low + high) / 2
+        disk = NOMINAL_DISK_LATENCY_S if measured is None else measured
+        reader = self.measurements.disk.read_latency.value if self.measurements else None
+        if reader is None:
+            return disk + READ_HANDOFF_S
+        transfer = READ_LATENCY_BYTES / self.planned_disk_read_bytes_per_s
+        return max(disk, reader - transfer)
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

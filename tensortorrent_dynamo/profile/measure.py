@@ -23,13 +23,14 @@ from torch._dispatch.python import no_python_dispatcher
 from ..compiling.direct import direct_calls
 from ..errors import OffloadError
 from ..io.locations import FileGuard, TensorLocation
+from ..io.page_cache import PAGE_BYTES
 from ..io.pool import HostBufferPool
 from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
-from .disk import BLOCK_BYTES, DiskBench, writable_problem
+from .disk import DiskBench, writable_problem
 from .schema import (
-    QUEUED_READS,
+    READ_LATENCY_BYTES,
     WIDE_ROWS_N,
     DeviceFigures,
     DiskFigures,
@@ -443,35 +444,34 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
     )
 
 
-_QUEUED_PASSES = 3
+_READ_LATENCY_WARMUP = 5
 
 
-def queued_read(bench: DiskBench) -> Figure:
-    """How the disk's read rate holds up as reads queue: the rate of ``QUEUED_READS`` reads
-    of ``BLOCK_BYTES`` submitted at once through the runtime's reader over the rate of the
-    same reads one at a time (``HostProfile.disk_queue_factor`` fits the planner's model to
-    it).
+def read_latency(bench: DiskBench, budget: Budget) -> Figure:
+    """The time of one small read through the runtime's reader when no other is in flight.
 
-    On the 2-core development machine's virtual disk, 4 MiB reads through a
-    :class:`~..io.reader.DiskReader` ran at 2.1-2.3 GB/s one at a time, 1.9-2.3 with one
-    more queued, 1.5-2.1 with three and 1.4-1.8 with seven or fifteen, at any number of
-    reader threads, and a plan keeping three 4 MiB reads in flight (plan_quality's
-    mlp_1024x16_batch4) ran 38 ms where one reading them one at a time ran 28. Timed as the
-    runtime reads (verified, the reader's defaults), the two ways in turn, the bytes of all
-    passes over their time.
+    The planner costs each read that finds the disk idle this much beyond its bytes over
+    the read rate (``HostProfile.planned_disk_latency_s``): the disk's latency, the hand-off
+    of the read to a reader thread, the verification of what it read on the verifier
+    thread, and the hand-off of the result back. Timed as the runtime reads (a
+    :class:`~..io.reader.DiskReader` with its defaults, each read verified against the
+    checksum of its blocks recorded at its first read): ``READ_LATENCY_BYTES`` at offsets
+    spread over the disk bench's file, one at a time, each waited for; the median. On the
+    2-core development machine 0.22-0.26 ms (0.15-0.18 unverified), where the disk's own 4
+    KiB ``latency`` was 0.06 ms; the constant the planner used before, 0.46 ms in all,
+    predicted a plan reading 4 MiB weights one at a time (plan_quality's
+    mlp_1024x16_batch4) 20% slower than it ran.
     """
     path = bench.read_file()
-    count = QUEUED_READS  # the planner's fit assumes this many
-    if bench.nbytes < count * BLOCK_BYTES:
-        raise OSError(
-            f"the disk bench file ({format_bytes(bench.nbytes)}) holds fewer than {count} "
-            f"reads of {format_bytes(BLOCK_BYTES)}"
-        )
+    count = _READ_LATENCY_WARMUP + budget.disk_reads
+    pages = (bench.nbytes - READ_LATENCY_BYTES) // count // PAGE_BYTES
+    stride = max(1, pages) * PAGE_BYTES
     unguarded = {
-        f"probe@{i}": TensorLocation(
-            f"probe@{i}", path, i * BLOCK_BYTES, BLOCK_BYTES, torch.uint8, (BLOCK_BYTES,)
+        f"probe@{offset}": TensorLocation(
+            f"probe@{offset}", path, offset, READ_LATENCY_BYTES, torch.uint8, (READ_LATENCY_BYTES,)
         )
-        for i in range(count)
+        for offset in range(0, stride * count, stride)
+        if offset + READ_LATENCY_BYTES <= bench.nbytes
     }
     guard = FileGuard(
         path,
@@ -481,33 +481,26 @@ def queued_read(bench: DiskBench) -> Figure:
     )
     reads = list(guard.locate(unguarded).values())
     pool = HostBufferPool()
-    seconds = {"one": 0.0, "queued": 0.0}
+    times: list[float] = []
+    deadline = time.perf_counter() + 0.2 * bench.budget_s
     with DiskReader(pool) as reader:
-
-        def one_at_a_time() -> None:
-            for loc in reads:
-                pool.give(reader.submit(loc).result().buffer)
-
-        def all_queued() -> None:
-            for future in [reader.submit(loc) for loc in reads]:
-                pool.give(future.result().buffer)
-
-        # fills the pool (a fresh buffer slows the read landing in it); the reader reads
-        # around the page cache, so every pass reads the disk
-        all_queued()
-        for i in range(2 * _QUEUED_PASSES):
-            way, run = ("one", one_at_a_time) if i % 2 == 0 else ("queued", all_queued)
+        for i, loc in enumerate(reads):
             start = time.perf_counter()
-            run()
-            seconds[way] += time.perf_counter() - start
+            result = reader.submit(loc).result()
+            elapsed = time.perf_counter() - start
+            pool.give(result.buffer)
+            if i >= _READ_LATENCY_WARMUP:
+                times.append(elapsed)
+            if times and time.perf_counter() > deadline:
+                break
     return Figure(
-        value=seconds["one"] / seconds["queued"],
-        unit="x",
+        value=statistics.median(times),
+        unit="s",
         method=(
-            f"{count} reads of {format_bytes(BLOCK_BYTES)} from a {format_bytes(bench.nbytes)} "
-            f"file at {path.parent} through a DiskReader (its defaults, each read verified as "
-            f"the runtime's are), all submitted at once, over the same reads one at a time "
-            f"(rates: the bytes of {_QUEUED_PASSES} passes each way, in turn, over their time)"
+            f"median of {len(times)} reads of {format_bytes(READ_LATENCY_BYTES)} through a "
+            f"DiskReader (its defaults, each read verified as the runtime's are), one at a "
+            f"time, at offsets spread over a {format_bytes(bench.nbytes)} file at "
+            f"{path.parent}, after {_READ_LATENCY_WARMUP} warm-up reads"
         ),
     )
 
@@ -811,10 +804,10 @@ def _plan_disk(
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
         _Step(("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", slowdown),
         _Step(
-            ("disk", "queued_read"),
-            "disk reads queued through the reader",
-            "x",
-            functools.partial(queued_read, bench),
+            ("disk", "read_latency"),
+            "disk read through the reader",
+            "s",
+            functools.partial(read_latency, bench, budget),
         ),
     ]
     return bench, steps, None
@@ -973,7 +966,7 @@ def measure_host(
             write=results[("disk", "write")],
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
-            queued_read=results[("disk", "queued_read")],
+            read_latency=results[("disk", "read_latency")],
         )
     else:
         assert absent_disk is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..units import format_bytes, format_rate, format_seconds
-from .schema import QUEUED_READS, WIDE_ROWS_N, Figure, Measurements
+from .schema import READ_LATENCY_BYTES, WIDE_ROWS_N, Figure, Measurements
 
 
 def format_value(figure: Figure) -> str:
@@ -99,9 +99,9 @@ def format_report(m: Measurements) -> str:
         ],
         [
             "disk",
-            f"rate of {QUEUED_READS} reads queued, over one at a time",
-            format_value(disk.queued_read),
-            disk.queued_read.note,
+            f"{format_bytes(READ_LATENCY_BYTES)} read through the reader",
+            format_value(disk.read_latency),
+            disk.read_latency.note,
         ],
     ]
     tail = (

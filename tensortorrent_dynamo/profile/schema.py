@@ -27,9 +27,9 @@ embeds tokens and runs norms and activations as models' graphs do, and each of i
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
-attention's rate is measured, ``DeviceFigures.attention``; 8: reads queued through the
-disk reader are timed against one at a time, ``DiskFigures.queued_read``): a cached short
-profile of an older revision is measured again. A file without one is revision 1."""
+attention's rate is measured, ``DeviceFigures.attention``; 8: a small read through the
+disk reader is timed, ``DiskFigures.read_latency``): a cached short profile of an
+older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -37,8 +37,9 @@ at ``n``): layers as wide as large models' read their weights at other rates tha
 size's (on the 2-core development machine a 4096-wide float32 layer at 4 rows ran about a
 fifth slower than 1024-wide ones, through as many bytes of weights)."""
 
-QUEUED_READS = 8
-"""The reads ``measure.queued_read`` submits at once (``DiskFigures.queued_read``)."""
+READ_LATENCY_BYTES = 64 * 2**10
+"""The size of the reads ``measure.read_latency`` times (``DiskFigures.read_latency``):
+small, so that their time is mostly the reader's own cost and the disk's latency."""
 
 
 Mode = Literal["nominal", "short", "quick", "full"]
@@ -63,7 +64,7 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown`` or ``disk.queued_read``: it was measured
+"""Why a profile has no ``disk.compute_slowdown`` or ``disk.read_latency``: it was measured
 before the figure was."""
 
 
@@ -320,11 +321,11 @@ class DiskFigures:
     )
     """How many times longer the host's few-row matmul takes while the disk reader streams
     weights (unit ``x``; at least 1 but for noise)."""
-    queued_read: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
+    read_latency: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
     )
-    """The read rate of ``QUEUED_READS`` reads submitted at once through the runtime's disk
-    reader over the rate of the same reads one at a time (``measure.queued_read``)."""
+    """Median time of one small read through the runtime's disk reader, one at a time
+    (``measure.read_latency``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -334,7 +335,7 @@ class DiskFigures:
             "write": self.write.to_dict(),
             "latency": self.latency.to_dict(),
             "compute_slowdown": self.compute_slowdown.to_dict(),
-            "queued_read": self.queued_read.to_dict(),
+            "read_latency": self.read_latency.to_dict(),
         }
 
     @classmethod
@@ -351,10 +352,10 @@ class DiskFigures:
                 if data.get("compute_slowdown") is None
                 else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
             ),
-            queued_read=(
-                Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
-                if data.get("queued_read") is None
-                else Figure.from_dict(data["queued_read"], f"{where}.queued_read")
+            read_latency=(
+                Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
+                if data.get("read_latency") is None
+                else Figure.from_dict(data["read_latency"], f"{where}.read_latency")
             ),
         )
 
@@ -368,7 +369,7 @@ class DiskFigures:
             write=Figure.absent("B/s", reason),
             latency=Figure.absent("s", reason),
             compute_slowdown=Figure.absent("x", reason),
-            queued_read=Figure.absent("x", reason),
+            read_latency=Figure.absent("s", reason),
         )
 
 

@@ -29,7 +29,6 @@ impl PyDevice {
         read_slowdown = 1.0,
         class_latency_s = Vec::new(),
         cold_latency_s = 0.0,
-        disk_queue_factor = 1.0,
     ))]
     fn new(
         name: String,
@@ -46,7 +45,6 @@ impl PyDevice {
         read_slowdown: f64,
         class_latency_s: Vec<f64>,
         cold_latency_s: f64,
-        disk_queue_factor: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -64,7 +62,6 @@ impl PyDevice {
                 disk_bytes_per_s,
                 disk_latency_s,
                 read_slowdown,
-                disk_queue_factor,
             },
         }
     }
@@ -160,20 +157,12 @@ impl PyDevice {
         self.inner.read_slowdown
     }
 
-    /// The share of the disk read rate left as reads queue up, used on the
-    /// host: a read issued with `k` others in flight reads at
-    /// `disk_bytes_per_s * (q + (1 - q) / (1 + k))` (1: not modelled).
-    #[getter]
-    fn disk_queue_factor(&self) -> f64 {
-        self.inner.disk_queue_factor
-    }
-
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -197,11 +186,6 @@ impl PyDevice {
             },
             if d.read_slowdown > 1.0 {
                 format!(", read_slowdown={}", float_repr(d.read_slowdown))
-            } else {
-                String::new()
-            },
-            if d.disk_queue_factor < 1.0 {
-                format!(", disk_queue_factor={}", float_repr(d.disk_queue_factor))
             } else {
                 String::new()
             }

@@ -59,11 +59,6 @@ pub struct Device {
     /// already queued runs this much slower (the reads compete with it for
     /// the CPUs and memory). At least 1; 1 means "not modelled".
     pub read_slowdown: f64,
-    /// How the disk tier's read rate falls as reads queue up (only the
-    /// host's is used): a read issued while `k` others are still in flight
-    /// reads at `disk_bytes_per_s * (q + (1 - q) / (1 + k))`, `q` this
-    /// figure (`queued_disk_rate`). In (0, 1]; 1 means "not modelled".
-    pub disk_queue_factor: f64,
 }
 
 impl Device {
@@ -94,7 +89,6 @@ impl Device {
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
             read_slowdown: 1.0,
-            disk_queue_factor: 1.0,
         }
     }
 
@@ -103,14 +97,6 @@ impl Device {
     #[must_use]
     pub fn disk_read_time(&self, bytes: f64) -> f64 {
         self.disk_latency_s + bytes / self.disk_bytes_per_s
-    }
-
-    /// The read rate of a read issued while `ahead` other reads are still in
-    /// flight (see `disk_queue_factor`): the full rate with none ahead.
-    #[must_use]
-    pub fn queued_disk_rate(&self, ahead: usize) -> f64 {
-        let q = self.disk_queue_factor;
-        self.disk_bytes_per_s * (q + (1.0 - q) / (1.0 + ahead as f64))
     }
 
     /// The compute rate of rate class `class` (see `class_flops_per_s`).
@@ -241,12 +227,6 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             return Err(invalid(format!(
                 "device {i} ({:?}) has class_latency_s[{c}] = {latency}; it must be finite and non-negative",
                 d.name
-            )));
-        }
-        if !(d.disk_queue_factor > 0.0 && d.disk_queue_factor <= 1.0) {
-            return Err(invalid(format!(
-                "device {i} ({:?}) has disk_queue_factor = {}; it must be in (0, 1]",
-                d.name, d.disk_queue_factor
             )));
         }
         if !(d.read_slowdown.is_finite() && d.read_slowdown >= 1.0) {

@@ -386,56 +386,6 @@ fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
 }
 
 #[test]
-fn a_read_queued_behind_others_reads_slower_as_the_disk_model_says() {
-    // Both weights (1 MB each) on disk at 1 GB/s, the second read issued
-    // while the first is in flight (one ahead): with q = 0.5 it reads at
-    // 1 GB/s * (0.5 + 0.5 / 2) = 0.75 GB/s. The first, to an idle disk, at
-    // the full rate; without the model (q = 1) both at the full rate.
-    let reads = |q: f64| {
-        let sim = both_read_from_disk(|host| {
-            host.disk_bytes_per_s = 1e9;
-            host.disk_queue_factor = q;
-        });
-        let mut reads = records(&sim.timeline, Activity::Param);
-        reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
-        reads
-            .iter()
-            .map(|r| r.end_s - r.start_s)
-            .collect::<Vec<_>>()
-    };
-    let modelled = reads(0.5);
-    assert_close(modelled[0], 0.001);
-    assert_close(modelled[1], 0.001 / 0.75);
-    let unmodelled = reads(1.0);
-    assert_close(unmodelled[0], 0.001);
-    assert_close(unmodelled[1], 0.001);
-    let mut host = exact_devices()[0].clone();
-    host.disk_bytes_per_s = 1e9;
-    host.disk_queue_factor = 0.5;
-    for (ahead, rate) in [(0, 1e9), (1, 0.75e9), (3, 0.625e9)] {
-        assert_close(host.queued_disk_rate(ahead), rate);
-    }
-    // The planner's hash tells the two disks apart where the graph reads.
-    let g = two_layers()
-        .with_param_home(vec![Tier::Disk, Tier::Disk])
-        .unwrap();
-    let hash = |q: f64| {
-        let mut devices = exact_devices();
-        devices[0].disk_bytes_per_s = 1e9;
-        devices[0].disk_queue_factor = q;
-        tensortorrent_planner::plan(
-            &g,
-            &devices,
-            tensortorrent_planner::Objective::Latency,
-            true,
-        )
-        .unwrap()
-        .plan_hash
-    };
-    assert_ne!(hash(1.0), hash(0.5));
-}
-
-#[test]
 fn host_compute_is_slowed_only_while_reads_run() {
     // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
     // start (depth 2): the disk is busy until 2 ms. L0 starts at 1 ms, once

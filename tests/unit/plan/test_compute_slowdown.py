@@ -80,31 +80,23 @@ def test_a_streamed_plan_is_costed_and_explained_with_the_slowdown(tmp_path: Pat
     assert sync[3.0] == sync[1.0]
 
 
-def test_the_disk_queue_factor_is_fitted_to_the_measured_queued_reads() -> None:
-    from tensortorrent_dynamo.profile.schema import QUEUED_READS
+def test_a_read_is_costed_the_measured_time_of_a_small_read_through_the_reader() -> None:
+    from tensortorrent_dynamo.io.reader import READ_HANDOFF_S
+    from tensortorrent_dynamo.profile.schema import READ_LATENCY_BYTES
 
     measured = _measurements(None)
-
-    def profile(ratio: float | None) -> HostProfile:
-        figure = Figure(ratio, "x", "fake") if ratio else Figure.absent("x", "not measured")
-        disk = dataclasses.replace(measured.disk, queued_read=figure)
-        return HostProfile.from_measurements(dataclasses.replace(measured, disk=disk), "t")
-
-    # not measured, or queued reads no slower: not modelled
-    assert profile(None).disk_queue_factor == 1.0
-    assert profile(1.5).disk_queue_factor == 1.0
-    slow = profile(0.7)
-    q = slow.disk_queue_factor
-    assert 0.05 < q < 1
-    # the fitted model's transfer times of the queued reads, the k-th at the rate times
-    # q + (1 - q) / (1 + k), add up to the measured ratio
-    queued = sum(1 / (q + (1 - q) / (1 + k)) for k in range(QUEUED_READS))
-    assert QUEUED_READS / queued == pytest.approx(0.7, rel=1e-6)
-    assert profile(0.5).disk_queue_factor < q  # slower queues, a smaller factor
-    assert profile(0.01).disk_queue_factor == 0.05  # far slower than the model reaches
-    # the native host gets it where the graph has weights to read
-    (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
-    planned_host = PlannedDevice(slow.devices[0], graph.param_bytes // 2)
-    (native,) = native_device_list([planned_host], slow, graph)
-    assert native.disk_queue_factor == pytest.approx(q)
-    assert "disk_queue_factor=0." in repr(native)
+    transfer = READ_LATENCY_BYTES / 1e9
+    # without the figure (an older profile): the disk's 4 KiB latency and the constant
+    assert HostProfile.from_measurements(measured, "test").planned_disk_latency_s == (
+        1e-4 + READ_HANDOFF_S
+    )
+    for reader, planned in ((3e-4, 3e-4 - transfer), (1e-4, 1e-4)):
+        disk = dataclasses.replace(measured.disk, read_latency=Figure(reader, "s", "fake"))
+        profile = HostProfile.from_measurements(dataclasses.replace(measured, disk=disk), "t")
+        # less the read's bytes at the read rate, and never under the disk's own latency
+        assert profile.planned_disk_latency_s == pytest.approx(planned)
+        (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
+        host = profile.devices[0]
+        planned_host = PlannedDevice(host, graph.param_bytes // 2)
+        (native,) = native_device_list([planned_host], profile, graph)
+        assert native.disk_latency_s == pytest.approx(planned)

@@ -95,41 +95,34 @@ def test_the_compute_slowdown_reads_are_verified_as_the_runtimes_are(
     assert checked and "verified" in figure.method
 
 
-def test_the_queued_read_figure_times_reads_queued_against_one_at_a_time(
+def test_the_read_latency_is_a_small_read_through_the_reader_verified_as_the_runtimes_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import concurrent.futures
-
+    from tensortorrent_dynamo.io.locations import FileGuard
     from tensortorrent_dynamo.io.reader import DiskReader
     from tensortorrent_dynamo.profile import measure
 
-    in_flight: list[int] = []
-    submit = DiskReader.submit
-    pending: set[concurrent.futures.Future[Any]] = set()
+    checked: list[int] = []
+    submitted: list[int] = []
+    verify, submit = FileGuard.verify, DiskReader.submit
+
+    def spy_verify(self: FileGuard, *args: object) -> list[int]:
+        checked.append(1)
+        return verify(self, *args)  # type: ignore[arg-type]
 
     def spy_submit(self: DiskReader, loc: Any) -> Any:
-        future = submit(self, loc)
-        done = {f for f in pending if f.done()}
-        pending.difference_update(done)
-        pending.add(future)
-        in_flight.append(len(pending))
-        assert loc.nbytes == BLOCK_BYTES and loc.guard is not None  # verified reads
-        return future
+        submitted.append(loc.nbytes)
+        return submit(self, loc)
 
+    monkeypatch.setattr(FileGuard, "verify", spy_verify)
     monkeypatch.setattr(DiskReader, "submit", spy_submit)
-    (tmp_path / "small").mkdir()
-    small = DiskBench(tmp_path / "small", 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
     try:
-        with pytest.raises(OSError, match="fewer than 8 reads"):
-            measure.queued_read(small)
-    finally:
-        small.close()
-    bench = DiskBench(tmp_path, 8 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
-    try:
-        figure = measure.queued_read(bench)
+        figure = measure.read_latency(bench, measure.BUDGETS["quick"])
     finally:
         bench.close()
-    assert figure.value is not None and 0.2 < figure.value < 5
-    # the file's eight reads, submitted at once and one at a time
-    assert max(in_flight) == 8 and 1 in in_flight
-    assert "all submitted at once, over the same reads one at a time" in figure.method
+    assert figure.value is not None and 0 < figure.value < 0.1
+    assert checked and "verified" in figure.method
+    # the warm-up reads and the timed ones, each of the small size
+    assert set(submitted) == {measure.READ_LATENCY_BYTES}
+    assert len(submitted) > measure._READ_LATENCY_WARMUP + 1

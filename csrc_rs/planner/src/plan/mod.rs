@@ -567,11 +567,6 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.read_slowdown);
             }
-            if disk_params && d.disk_queue_factor < 1.0 {
-                h.str("disk_queue_factor");
-                h.u64(i as u64);
-                h.f64(d.disk_queue_factor);
-            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");

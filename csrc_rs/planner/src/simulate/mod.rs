@@ -43,8 +43,6 @@ mod timeline;
 
 pub use timeline::{Activity, Record, Resource};
 
-use std::collections::VecDeque;
-
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::{CostGraph, Tier};
@@ -318,8 +316,6 @@ struct Queues {
     timeline: Option<Vec<Record>>,
     // the transfer time (bytes over the rate) of the last read queued on the disk
     last_disk_transfer: f64,
-    // when each read queued on the disk and not known to be over ends (in order)
-    disk_ends: VecDeque<f64>,
 }
 
 impl Queues {
@@ -331,16 +327,7 @@ impl Queues {
             busy: vec![0.0; slots],
             timeline: record.then(Vec::new),
             last_disk_transfer: 0.0,
-            disk_ends: VecDeque::new(),
         }
-    }
-
-    /// How many reads queued on the disk are still in flight at `at`.
-    fn disk_reads_in_flight(&mut self, at: f64) -> usize {
-        while self.disk_ends.front().is_some_and(|&end| end <= at) {
-            self.disk_ends.pop_front();
-        }
-        self.disk_ends.len()
     }
 
     /// Index of a resource in the order of [`Resource::all`].
@@ -517,17 +504,14 @@ fn issue_prefetches(
             // it whole, and so does one queued behind a read of a few KiB (their
             // hand-offs run one after the other: 22 reads of 8-32 KiB kept the disk
             // busy 0.48 ms each on the 2-core development machine).
-            // Reads queued deep read slower (`Device::queued_disk_rate`).
-            let ahead = queues.disk_reads_in_flight(at);
-            let transfer = bytes as f64 / host.queued_disk_rate(ahead);
+            let transfer = bytes as f64 / host.disk_bytes_per_s;
             let read = if queues.free_at(Resource::Disk) > at {
                 transfer + (host.disk_latency_s - queues.last_disk_transfer).max(0.0)
             } else {
-                host.disk_latency_s + transfer
+                host.disk_read_time(bytes as f64)
             };
             queues.last_disk_transfer = transfer;
             let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
-            queues.disk_ends.push_back(end);
             ready = end;
             if d != HOST {
                 // A host staging buffer until the copy on is done.
