@@ -59,10 +59,7 @@ MIN_REQUEST_BYTES = 2**20
 # handing its requests to the reader threads and its result back (the GIL, the wake-ups).
 # On the 2-core development machine a read through the reader on an idle disk took 0.3-0.9
 # ms beyond its bytes at the disk's rate (4 KiB to 4 MiB reads), where a raw 4 KiB read
-# took 0.04 ms. The planner costs reads with it only where the profile has no measured
-# figure (``DiskFigures.read_latency``, ``HostProfile.planned_disk_latency_s``): measured,
-# a verified 64 KiB read one at a time took 0.22-0.26 ms there, and this constant overcharged plans
-# that read 4 MiB weights one at a time by a fifth.
+# took 0.04 ms. The planner costs reads with it (``HostProfile.planned_disk_latency_s``).
 READ_HANDOFF_S = 4e-4
 
 

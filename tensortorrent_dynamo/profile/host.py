@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import READ_LATENCY_BYTES, WIDE_ROWS_N, Figure, Measurements
+from .schema import WIDE_ROWS_N, Figure, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -192,18 +192,11 @@ class HostProfile:
     @property
     def planned_disk_latency_s(self) -> float:
         """The fixed cost of a disk read that the planner uses (less what the transfer of a
-        read queued before it hides): the measured time of a small read through the disk
-        reader less its bytes at the read rate (``disk.read_latency``), not under the disk's
-        own 4 KiB latency; in a profile without it, the disk's 4 KiB latency (else the
-        nominal 0.1 ms) plus the reader's hand-offs as a constant
+        read queued before it hides): the disk's latency (the measured time of a random 4 KiB
+        read, else the nominal 0.1 ms) plus what the reader's hand-offs cost a read
         (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
-        disk = NOMINAL_DISK_LATENCY_S if measured is None else measured
-        reader = self.measurements.disk.read_latency.value if self.measurements else None
-        if reader is None:
-            return disk + READ_HANDOFF_S
-        transfer = READ_LATENCY_BYTES / self.planned_disk_read_bytes_per_s
-        return max(disk, reader - transfer)
+        return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

@@ -23,14 +23,12 @@ from torch._dispatch.python import no_python_dispatcher
 from ..compiling.direct import direct_calls
 from ..errors import OffloadError
 from ..io.locations import FileGuard, TensorLocation
-from ..io.page_cache import PAGE_BYTES
 from ..io.pool import HostBufferPool
 from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
 from .schema import (
-    READ_LATENCY_BYTES,
     WIDE_ROWS_N,
     DeviceFigures,
     DiskFigures,
@@ -444,67 +442,6 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
     )
 
 
-_READ_LATENCY_WARMUP = 5
-
-
-def read_latency(bench: DiskBench, budget: Budget) -> Figure:
-    """The time of one small read through the runtime's reader when no other is in flight.
-
-    The planner costs each read that finds the disk idle this much beyond its bytes over
-    the read rate (``HostProfile.planned_disk_latency_s``): the disk's latency, the hand-off
-    of the read to a reader thread, the verification of what it read on the verifier
-    thread, and the hand-off of the result back. Timed as the runtime reads (a
-    :class:`~..io.reader.DiskReader` with its defaults, each read verified against the
-    checksum of its blocks recorded at its first read): ``READ_LATENCY_BYTES`` at offsets
-    spread over the disk bench's file, one at a time, each waited for; the median. On the
-    2-core development machine 0.22-0.26 ms (0.15-0.18 unverified), where the disk's own 4
-    KiB ``latency`` was 0.06 ms; the constant the planner used before, 0.46 ms in all,
-    predicted a plan reading 4 MiB weights one at a time (plan_quality's
-    mlp_1024x16_batch4) 20% slower than it ran.
-    """
-    path = bench.read_file()
-    count = _READ_LATENCY_WARMUP + budget.disk_reads
-    pages = (bench.nbytes - READ_LATENCY_BYTES) // count // PAGE_BYTES
-    stride = max(1, pages) * PAGE_BYTES
-    unguarded = {
-        f"probe@{offset}": TensorLocation(
-            f"probe@{offset}", path, offset, READ_LATENCY_BYTES, torch.uint8, (READ_LATENCY_BYTES,)
-        )
-        for offset in range(0, stride * count, stride)
-        if offset + READ_LATENCY_BYTES <= bench.nbytes
-    }
-    guard = FileGuard(
-        path,
-        {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
-        source="disk bench file",
-        advice="measure the profile again",
-    )
-    reads = list(guard.locate(unguarded).values())
-    pool = HostBufferPool()
-    times: list[float] = []
-    deadline = time.perf_counter() + 0.2 * bench.budget_s
-    with DiskReader(pool) as reader:
-        for i, loc in enumerate(reads):
-            start = time.perf_counter()
-            result = reader.submit(loc).result()
-            elapsed = time.perf_counter() - start
-            pool.give(result.buffer)
-            if i >= _READ_LATENCY_WARMUP:
-                times.append(elapsed)
-            if times and time.perf_counter() > deadline:
-                break
-    return Figure(
-        value=statistics.median(times),
-        unit="s",
-        method=(
-            f"median of {len(times)} reads of {format_bytes(READ_LATENCY_BYTES)} through a "
-            f"DiskReader (its defaults, each read verified as the runtime's are), one at a "
-            f"time, at offsets spread over a {format_bytes(bench.nbytes)} file at "
-            f"{path.parent}, after {_READ_LATENCY_WARMUP} warm-up reads"
-        ),
-    )
-
-
 def memory_bandwidth(device: str, budget: Budget) -> Figure:
     """Bytes read plus bytes written per second by a large ``Tensor.copy_`` on one device."""
     nbytes = budget.cpu_copy_bytes if device == "cpu" else budget.gpu_copy_bytes
@@ -803,12 +740,6 @@ def _plan_disk(
         _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
         _Step(("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", slowdown),
-        _Step(
-            ("disk", "read_latency"),
-            "disk read through the reader",
-            "s",
-            functools.partial(read_latency, bench, budget),
-        ),
     ]
     return bench, steps, None
 
@@ -966,7 +897,6 @@ def measure_host(
             write=results[("disk", "write")],
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
-            read_latency=results[("disk", "read_latency")],
         )
     else:
         assert absent_disk is not None

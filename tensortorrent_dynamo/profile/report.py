@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..units import format_bytes, format_rate, format_seconds
-from .schema import READ_LATENCY_BYTES, WIDE_ROWS_N, Figure, Measurements
+from .schema import WIDE_ROWS_N, Figure, Measurements
 
 
 def format_value(figure: Figure) -> str:
@@ -96,12 +96,6 @@ def format_report(m: Measurements) -> str:
             "cpu matmul slowdown while reading",
             format_value(disk.compute_slowdown),
             disk.compute_slowdown.note,
-        ],
-        [
-            "disk",
-            f"{format_bytes(READ_LATENCY_BYTES)} read through the reader",
-            format_value(disk.read_latency),
-            disk.read_latency.note,
         ],
     ]
     tail = (

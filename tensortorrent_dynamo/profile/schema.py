@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 8
+METHODS_REVISION = 7
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -27,8 +27,7 @@ embeds tokens and runs norms and activations as models' graphs do, and each of i
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
-attention's rate is measured, ``DeviceFigures.attention``; 8: a small read through the
-disk reader is timed, ``DiskFigures.read_latency``): a cached short profile of an
+attention's rate is measured, ``DeviceFigures.attention``): a cached short profile of an
 older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
@@ -36,10 +35,6 @@ WIDE_ROWS_N = 4096
 at ``n``): layers as wide as large models' read their weights at other rates than the square
 size's (on the 2-core development machine a 4096-wide float32 layer at 4 rows ran about a
 fifth slower than 1024-wide ones, through as many bytes of weights)."""
-
-READ_LATENCY_BYTES = 64 * 2**10
-"""The size of the reads ``measure.read_latency`` times (``DiskFigures.read_latency``):
-small, so that their time is mostly the reader's own cost and the disk's latency."""
 
 
 Mode = Literal["nominal", "short", "quick", "full"]
@@ -64,8 +59,7 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown`` or ``disk.read_latency``: it was measured
-before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``: it was measured before the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,11 +315,6 @@ class DiskFigures:
     )
     """How many times longer the host's few-row matmul takes while the disk reader streams
     weights (unit ``x``; at least 1 but for noise)."""
-    read_latency: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
-    )
-    """Median time of one small read through the runtime's disk reader, one at a time
-    (``measure.read_latency``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -335,7 +324,6 @@ class DiskFigures:
             "write": self.write.to_dict(),
             "latency": self.latency.to_dict(),
             "compute_slowdown": self.compute_slowdown.to_dict(),
-            "read_latency": self.read_latency.to_dict(),
         }
 
     @classmethod
@@ -352,11 +340,6 @@ class DiskFigures:
                 if data.get("compute_slowdown") is None
                 else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
             ),
-            read_latency=(
-                Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
-                if data.get("read_latency") is None
-                else Figure.from_dict(data["read_latency"], f"{where}.read_latency")
-            ),
         )
 
     @classmethod
@@ -369,7 +352,6 @@ class DiskFigures:
             write=Figure.absent("B/s", reason),
             latency=Figure.absent("s", reason),
             compute_slowdown=Figure.absent("x", reason),
-            read_latency=Figure.absent("s", reason),
         )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pytest
 import torch
 
 import tensortorrent as tt
@@ -78,25 +77,3 @@ def test_a_streamed_plan_is_costed_and_explained_with_the_slowdown(tmp_path: Pat
     assert busy[3.0] > 2 * busy[1.0], busy
     # a plan that reads only while compute waits never computes while reading
     assert sync[3.0] == sync[1.0]
-
-
-def test_a_read_is_costed_the_measured_time_of_a_small_read_through_the_reader() -> None:
-    from tensortorrent_dynamo.io.reader import READ_HANDOFF_S
-    from tensortorrent_dynamo.profile.schema import READ_LATENCY_BYTES
-
-    measured = _measurements(None)
-    transfer = READ_LATENCY_BYTES / 1e9
-    # without the figure (an older profile): the disk's 4 KiB latency and the constant
-    assert HostProfile.from_measurements(measured, "test").planned_disk_latency_s == (
-        1e-4 + READ_HANDOFF_S
-    )
-    for reader, planned in ((3e-4, 3e-4 - transfer), (1e-4, 1e-4)):
-        disk = dataclasses.replace(measured.disk, read_latency=Figure(reader, "s", "fake"))
-        profile = HostProfile.from_measurements(dataclasses.replace(measured, disk=disk), "t")
-        # less the read's bytes at the read rate, and never under the disk's own latency
-        assert profile.planned_disk_latency_s == pytest.approx(planned)
-        (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
-        host = profile.devices[0]
-        planned_host = PlannedDevice(host, graph.param_bytes // 2)
-        (native,) = native_device_list([planned_host], profile, graph)
-        assert native.disk_latency_s == pytest.approx(planned)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -93,36 +92,3 @@ def test_the_compute_slowdown_reads_are_verified_as_the_runtimes_are(
         bench.close()
     assert figure.value is not None and figure.value > 0
     assert checked and "verified" in figure.method
-
-
-def test_the_read_latency_is_a_small_read_through_the_reader_verified_as_the_runtimes_are(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tensortorrent_dynamo.io.locations import FileGuard
-    from tensortorrent_dynamo.io.reader import DiskReader
-    from tensortorrent_dynamo.profile import measure
-
-    checked: list[int] = []
-    submitted: list[int] = []
-    verify, submit = FileGuard.verify, DiskReader.submit
-
-    def spy_verify(self: FileGuard, *args: object) -> list[int]:
-        checked.append(1)
-        return verify(self, *args)  # type: ignore[arg-type]
-
-    def spy_submit(self: DiskReader, loc: Any) -> Any:
-        submitted.append(loc.nbytes)
-        return submit(self, loc)
-
-    monkeypatch.setattr(FileGuard, "verify", spy_verify)
-    monkeypatch.setattr(DiskReader, "submit", spy_submit)
-    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
-    try:
-        figure = measure.read_latency(bench, measure.BUDGETS["quick"])
-    finally:
-        bench.close()
-    assert figure.value is not None and 0 < figure.value < 0.1
-    assert checked and "verified" in figure.method
-    # the warm-up reads and the timed ones, each of the small size
-    assert set(submitted) == {measure.READ_LATENCY_BYTES}
-    assert len(submitted) > measure._READ_LATENCY_WARMUP + 1

@@ -168,9 +168,6 @@ def test_every_figure_has_unit_and_method(run: Run) -> None:
     assert 0 < report["disk"]["latency"]["value"] < 1
     # compute while the disk reads, over compute alone: near 1 or above, never far below
     assert 0.5 < report["disk"]["compute_slowdown"]["value"] < 10
-    # a small read through the reader: more than the disk's own latency, far under a second
-    assert report["disk"]["latency"]["value"] < report["disk"]["read_latency"]["value"] < 0.1
-    assert "64.00 KiB read through the reader" in run.output
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA links to measure")
