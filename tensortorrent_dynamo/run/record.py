@@ -61,7 +61,7 @@ def rss_bytes() -> int:
         return int(psutil.Process().memory_info().rss)
 
 
-# (pid, descriptor) of /proc/self/statm, kept open: reading it again costs 0.9 us where opening
+# (pid, descriptor) of /proc/self/statm, kept open: reading it again costs 1.5 us where opening
 # it each time cost 4.6 us. A forked child opens its own (the path named its parent's).
 _statm_fd: tuple[int, int] | None = None
 
@@ -79,10 +79,9 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # How often the shared sampler reads the RSS while a call runs. Each sample wakes a thread,
 # which on a 2-core host takes a core from the compute: sampling every 2 ms made eight
-# 256x4096 by 4096x1024 float32 matmuls 4.5-5.8% slower and eight 16x2048 by 2048x2048 ones
-# 4.8-9.9% slower; every 10 ms, 0.1-2.2% and 1.3-2.8% (medians of 8 rounds in turn, two
-# runs). A call that raises the process's peak gets it exactly from the kernel whatever the
-# interval.
+# 256x4096 by 4096x1024 float32 matmuls 5.8% slower and eight 16x2048 by 2048x2048 ones 9.9%
+# slower; every 10 ms, 0.1% and 2.8% (medians of 8 rounds in turn). A call that raises the
+# process's peak gets it exactly from the kernel whatever the interval.
 RSS_SAMPLE_S = 0.01
 
 
@@ -100,7 +99,8 @@ class _Sampler:
     :class:`RssSampler` block is open, and waits, costing nothing, while none is. A thread
     per call cost 185 us a call to start and join on the 2-core development machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self._cond = threading.Condition()
         self._open: list[RssSampler] = []
         self._thread: threading.Thread | None = None
@@ -108,7 +108,7 @@ class _Sampler:
     def open(self, block: RssSampler) -> None:
         with self._cond:
             self._open.append(block)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # none yet, or forked
                 self._thread = threading.Thread(target=self._run, name="tt-rss", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -130,17 +130,7 @@ class _Sampler:
                         block.peak = max(block.peak, rss)
 
 
-_SAMPLER = _Sampler()
-
-
-def _new_sampler_after_fork() -> None:
-    # a forked child has no sampler thread, and its lock may have been held at the fork
-    global _SAMPLER
-    _SAMPLER = _Sampler()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_sampler_after_fork)
+_SAMPLER = _Sampler(RSS_SAMPLE_S)
 
 
 class RssSampler:

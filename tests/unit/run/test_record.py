@@ -77,27 +77,3 @@ def test_a_nested_block_does_not_stop_the_sampling_of_the_outer_one() -> None:
         during = rss_bytes()
         block.close()
     assert outer.peak >= during - (4 << 20)
-
-
-@linux
-def test_a_forked_child_samples_with_a_sampler_of_its_own() -> None:
-    import os
-
-    with RssSampler():
-        pass  # the parent's sampler thread is running
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its own thread, its own RSS
-        try:
-            with RssSampler(interval_s=0.001) as rss:
-                block = _touch(8 << 20)
-                time.sleep(0.02)
-                block.close()
-            ok = rss.peak > 0 and record._SAMPLER._thread is not None
-            os.write(write, b"1" if ok and record._SAMPLER._thread.is_alive() else b"0")
-        finally:
-            os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1"
-    os.close(read)
