@@ -16,7 +16,6 @@ from ..plan.planner import (
     rows_table,
 )
 from ..plan.throughput import batch_sweep, compute_bound_from
-from ..run.record import RSS_SAMPLE_S
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
 from .fidelity import union_s
@@ -68,10 +67,9 @@ def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
     lines = ["Devices", *_table(header, rows), *_explain_rates(graphs), *_explain_ops(graphs)]
     if any(g.last_rss_peak is not None for g in graphs):
         lines.append(
-            "  host RSS: the whole process's resident memory during the last call (the "
-            "kernel's high-water mark where the call raised it, else sampled every "
-            f"{format_seconds(RSS_SAMPLE_S)}), Python and torch included; the budget and "
-            "prediction cover the model's weights and activations"
+            "  host RSS: the whole process's resident memory during the last call (sampled "
+            "every 2 ms), Python and torch included; the budget and prediction cover the "
+            "model's weights and activations"
         )
     disk = first.runtime.disk
     if disk is not None:

@@ -48,7 +48,7 @@ Devices
   cpu        cpu      1.00 GiB   50.00 GFLOP/s  -           12.88 KiB       <rss>
   virtual:0  virtual  10.00 KiB  2.00 TFLOP/s   16.00 GB/s  9.88 KiB        9.88 KiB
   ops: 9 (each graph once; 3 views or other ops moving no bytes), each costed a fixed cpu 5.0 us, virtual:0 1.0 us beyond its FLOPs or bytes
-  host RSS: the whole process's resident memory during the last call (the kernel's high-water mark where the call raised it, else sampled every 10.00 ms), Python and torch included; the budget and prediction cover the model's weights and activations
+  host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
 Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan a90eb4aa9f9b2446
   candidates (searched all families: 5264 candidates simulated (52640 nodes)):
