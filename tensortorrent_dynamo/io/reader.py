@@ -60,6 +60,10 @@ MIN_REQUEST_BYTES = 2**20
 # On the 2-core development machine a read through the reader on an idle disk took 0.3-0.9
 # ms beyond its bytes at the disk's rate (4 KiB to 4 MiB reads), where a raw 4 KiB read
 # took 0.04 ms. The planner costs reads with it (``HostProfile.planned_disk_latency_s``).
+# Measured instead (a verified 64 KiB read one at a time while the calling thread only waits:
+# 0.22-0.26 ms there), it predicted the corpus Llama's disk plan 60-71% faster than it ran:
+# its reads of a few KiB come while the calling thread runs many small ops, and took 0.75
+# ms each. A verified 4 MiB read one at a time takes about 0.4 ms beyond its bytes too.
 READ_HANDOFF_S = 4e-4
 
 
@@ -149,6 +153,14 @@ class DiskReader:
     0.93-1.17 GB/s, 2 threads 1.19-1.28 GB/s, 4 threads 1.24-1.37 GB/s, for chunks of 4 to
     32 MiB (16 MiB best or tied; 64 MiB no better). Buffered reads with the pages dropped get
     0.86-0.94 GB/s. Hence 4 threads, 16 MiB chunks: the threads only wait on the disk.
+
+    How deep reads queue changes their rate there, by more than the disk's drift only
+    unverified: 4 MiB reads ran at 2.1-2.3 GB/s one at a time and 1.4-1.8 GB/s with seven
+    or fifteen queued (at 1, 2 or 4 threads alike, and alike when each read's requests were
+    handed to the threads only once the one before was in); verified, one at a time was
+    the slowest (1.8 GB/s against 2.1-2.6 queued), its checks no longer overlapping its
+    reads. The planner keeps one rate (a model of the slowdown, fitted by the profile,
+    measured no slowdown with the checks on and was not kept).
     """
 
     def __init__(
