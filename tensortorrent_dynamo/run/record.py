@@ -69,12 +69,12 @@ class RssSampler:
     slower. Yet a disk plan of many small reads runs faster with it: the corpus Llama at
     half its weights took 8-13 ms a call with it and 15-16 ms with no thread alive during
     the call, or with one shared thread sampling every 10 ms and the kernel's high-water
-    mark (tried, and reverted for this); any thread waking during the call helped (every
-    10 ms: 10-11 ms a call), one started and joined before it did not, and so did another
-    process waking every 2 ms (14 ms a call against 18 in that run), so it is the virtual
-    machine's, not Python's: its idle CPUs wake slowly to the reads' hand-offs. The calling
-    thread spinning for 2 ms before it blocks on a read did not help. Measure both kinds of
-    plan before making this thread cheaper.
+    mark (tried, and reverted for this). Any thread waking during the call helped (every
+    10 ms: 10-11 ms a call), where one started and joined before the call did not; another
+    process waking every 2 ms helped as well (14 ms a call against 18 in that run), so the
+    effect is the virtual machine's, not Python's (likely its idle CPUs waking slowly to
+    the reads' hand-offs). The calling thread spinning for 2 ms before it blocks on a read
+    did not help. Measure both kinds of plan before making this thread cheaper.
     """
 
     def __init__(self, interval_s: float = 0.002) -> None:
