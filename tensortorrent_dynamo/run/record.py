@@ -67,10 +67,11 @@ class RssSampler:
     and joining it takes 185 us a call, and its wake-ups every 2 ms made eight 256x4096 by
     4096x1024 float32 matmuls 4.5-5.8% slower and eight 16x2048 by 2048x2048 ones 4.8-9.9%
     slower. Yet a disk plan of many small reads runs faster with it: the corpus Llama at
-    half its weights took 8-13 ms a call with it and 15-16 ms with no thread alive during
-    the call, or with one shared thread sampling every 10 ms and the kernel's high-water
-    mark (tried, and reverted for this). Any thread waking during the call helped (every
-    10 ms: 10-11 ms a call), where one started and joined before the call did not; another
+    half its weights took 8-15 ms a call with it (medians of 24-48 calls, nine runs) and
+    14-18 ms with no thread alive during the call, or 15-16 ms with one shared thread
+    sampling every 10 ms and the kernel's high-water mark (tried, and reverted for this).
+    Any thread waking during the call helped (every 10 ms: 7-11 ms a call), where one
+    started and joined before the call did not; another
     process waking every 2 ms helped as well (14 ms a call against 18 in that run), so the
     effect is the virtual machine's, not Python's (likely its idle CPUs waking slowly to
     the reads' hand-offs). The calling thread spinning for 2 ms before it blocks on a read
