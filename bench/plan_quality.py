@@ -14,7 +14,8 @@ Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host
 half the weights) at batch 16 (disk-bound) and 256, and 16 layers of 1024^2 at batch 4 under
 a third of the weights (many small reads). Figures per case: each candidate's predicted and
 measured ms, the chosen one's measured time over the fastest measured (goal: within 5%,
-``chosen_within_5_percent``), and whether the predicted order is the measured one.
+``chosen_within_5_percent``), whether that gap is beyond the calls' noise (a permutation
+test, ``chosen_slower_p_value``), and whether the predicted order is the measured one.
 
     python -m bench.plan_quality [--candidates 4] [--repeats 3] [--rounds 4] [--results DIR]
 """
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
@@ -70,6 +72,25 @@ def _timed(compiled: tt.CompiledModule, x: torch.Tensor, repeats: int) -> list[f
             compiled(x)
             times.append(time.perf_counter() - start)
     return times
+
+
+PERMUTATIONS = 4000
+
+
+def slower_p_value(slower: Sequence[float], faster: Sequence[float], seed: int = SEED) -> float:
+    """How likely calls of two equally fast plans are to show a gap between their medians at
+    least as large as ``slower``'s over ``faster``'s: the share of ``PERMUTATIONS`` random
+    relabellings of the pooled calls whose gap is as large (one-sided; the observed one
+    counted). Small (under 0.05, say) where ``slower`` is slower beyond the calls' noise."""
+    pooled = np.array([*slower, *faster])
+    observed = float(np.median(slower) - np.median(faster))
+    rng = np.random.default_rng(seed)
+    n = len(slower)
+    hits = 1  # the observed labelling
+    for _ in range(PERMUTATIONS):
+        shuffled = rng.permutation(pooled)
+        hits += float(np.median(shuffled[:n]) - np.median(shuffled[n:])) >= observed
+    return hits / (PERMUTATIONS + 1)
 
 
 def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) -> dict[str, Any]:
@@ -145,6 +166,12 @@ def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) 
         "fastest_measured": fastest,
         "chosen_over_fastest": measured[native.chosen] / measured[fastest],
         "chosen_within_5_percent": measured[native.chosen] <= 1.05 * measured[fastest],
+        # whether the gap is beyond the calls' noise (None when the chosen was the fastest)
+        "chosen_slower_p_value": (
+            None
+            if fastest == native.chosen
+            else slower_p_value(times[native.chosen], times[fastest])
+        ),
         "predicted_order_is_measured_order": by_predicted == by_measured,
     }
 
@@ -180,9 +207,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{c['name']} {c['predicted_ms']:.1f}/{c['measured_ms']:.1f} ms"
                 for c in case["candidates"]
             )
+            p = case["chosen_slower_p_value"]
             print(
                 f"{name:<22} chosen {case['chosen']}: {case['chosen_over_fastest']:.3f}x the "
-                f"fastest measured ({case['fastest_measured']}); predicted/measured: {shown}",
+                f"fastest measured ({case['fastest_measured']}"
+                f"{'' if p is None else f', p = {p:.3f}'}); predicted/measured: {shown}",
                 flush=True,
             )
     done = [c for c in cases.values() if "error" not in c]
@@ -193,13 +222,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             "chosen one among them) compiled from a plan file of its decisions and called: one "
             f"untimed call checked against eager, then {args.repeats} timed calls with the page "
             f"cache dropped before each, {args.rounds} rounds of the candidates in turn "
-            "(reversed every other round); a candidate's figure is the median of its calls"
+            "(reversed every other round); a candidate's figure is the median of its calls; "
+            "chosen_slower_p_value: a one-sided permutation test of the chosen candidate's "
+            f"calls against the fastest's ({PERMUTATIONS} relabellings, on the gap between "
+            "medians), small where the chosen is slower beyond the calls' noise"
         ),
         "summary": {
             "cases": len(done),
             "chosen_within_5_percent": sum(c["chosen_within_5_percent"] for c in done),
             "worst_chosen_over_fastest": max(
                 (c["chosen_over_fastest"] for c in done), default=None
+            ),
+            # chosen slower than the fastest measured by more than its calls' noise explains
+            "chosen_slower_beyond_noise": sum(
+                (c["chosen_slower_p_value"] or 1.0) < 0.05 for c in done
             ),
         },
         "cases": cases,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import plan_quality
@@ -31,4 +32,22 @@ def test_plan_quality_bench_runs_each_candidate_it_names(
         assert candidate["measured_ms"] > 0 and candidate["predicted_ms"] > 0
     assert case["fastest_measured"] in names
     assert case["chosen_over_fastest"] >= 1.0
+    p = case["chosen_slower_p_value"]
+    assert (p is None) == (case["chosen"] == case["fastest_measured"])
+    assert p is None or 0 < p <= 1
     assert data["summary"]["cases"] == 1
+    assert data["summary"]["chosen_slower_beyond_noise"] in (0, 1)
+
+
+def test_the_permutation_test_tells_a_real_gap_from_noise() -> None:
+    rng = np.random.default_rng(1)
+    noise = list(10 + rng.normal(0, 1, 12))
+    same = list(10 + rng.normal(0, 1, 12))
+    slower = [x + 3 for x in same]
+    assert plan_quality.slower_p_value(slower, noise) < 0.01
+    # the same calls in another order: no gap, which any relabelling matches or beats
+    assert plan_quality.slower_p_value(same[::-1], same) > 0.5
+    # a gap of a tenth of the noise: common among relabellings of equal plans
+    assert plan_quality.slower_p_value([x + 0.1 for x in same], same) > 0.05
+    # the observed labelling counts: never 0
+    assert plan_quality.slower_p_value([100.0] * 3, [1.0] * 3) > 0
