@@ -81,7 +81,10 @@ def slower_p_value(slower: Sequence[float], faster: Sequence[float], seed: int =
     """How likely calls of two equally fast plans are to show a gap between their medians at
     least as large as ``slower``'s over ``faster``'s: the share of ``PERMUTATIONS`` random
     relabellings of the pooled calls whose gap is as large (one-sided; the observed one
-    counted). Small (under 0.05, say) where ``slower`` is slower beyond the calls' noise."""
+    counted). Small (under 0.05, say) where ``slower`` is slower beyond the calls' noise.
+    The calls of one compiled plan in one process are taken as exchangeable; a gap that
+    holds in one process can be gone in the next (plan_quality's mlp_1024x16_batch4, the
+    same code: 1.164x at p 0.02 in one run, 1.000x in the next)."""
     pooled = np.array([*slower, *faster])
     observed = float(np.median(slower) - np.median(faster))
     rng = np.random.default_rng(seed)
@@ -225,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "(reversed every other round); a candidate's figure is the median of its calls; "
             "chosen_slower_p_value: a one-sided permutation test of the chosen candidate's "
             f"calls against the fastest's ({PERMUTATIONS} relabellings, on the gap between "
-            "medians), small where the chosen is slower beyond the calls' noise"
+            "medians), small where the chosen is slower beyond the noise of this run's calls "
+            "(not of the process: a gap can hold in one run and be gone in the next)"
         ),
         "summary": {
             "cases": len(done),
