@@ -95,6 +95,11 @@ def is_attention(op: str) -> bool:
     return any(part in op for part in ATTENTION_OPS)
 
 
+def calls_attention(key: RateKey) -> bool:
+    """Whether a node of rate key ``key`` calls attention, and so runs at its rate."""
+    return any(is_attention(op) for op in key.ops)
+
+
 def attention_rate(device: DeviceProfile, dtype: str) -> float:
     """The rate ``device`` runs attention's FLOPs in ``dtype`` at: its measured float32
     attention rate (``DeviceProfile.attention_flops_per_s``) scaled as ``dtype``'s
@@ -107,7 +112,7 @@ def attention_rate(device: DeviceProfile, dtype: str) -> float:
 def key_rate(device: DeviceProfile, key: RateKey) -> float:
     """The rate ``device`` runs the FLOPs of a node of rate key ``key`` at: attention's for
     a node that calls attention (:func:`attention_rate`), else :func:`node_rate`."""
-    if any(is_attention(op) for op in key.ops):
+    if calls_attention(key):
         return attention_rate(device, key.dtype)
     return node_rate(device, key.dtype, key.rows, key.width)
 

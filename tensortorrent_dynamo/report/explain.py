@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from ..plan.planner import (
     RATE_DTYPES,
     attention_rate,
+    calls_attention,
     dtype_rate,
-    is_attention,
     node_rate,
     op_latency,
     resident_set,
@@ -94,7 +94,7 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
     for graph in graphs:
         nodes, keys = graph.plan.cost.nodes, graph.plan.cost.rate_keys()
         for node, key in zip(nodes, keys, strict=True):
-            if node.flops > 0 and any(is_attention(op) for op in key.ops):
+            if node.flops > 0 and calls_attention(key):
                 attention[key.dtype] = attention.get(key.dtype, 0.0) + node.flops
             elif node.flops > 0:
                 shape = (key.dtype, key.rows, key.width)
