@@ -29,7 +29,13 @@ One run of a bench, from the parent process:
    pairs of the bytes its plan reads from disk each call read alone, by a reader with its
    settings, and one call, the cache dropped before each (``call_over_read_alone``: the
    call against its disk's rate seconds before it, which the run-wide bound cannot see on a
-   disk that drifts over minutes). Every call's output is checked against eager's
+   disk that drifts over minutes). An eager process on the CPU then times ``repeats``
+   triples of a call alone, the checkpoint's last tensors (its bytes over the budget: what
+   any plan under the budget must read each call) read alone by a reader with TensorTorrent's
+   settings, every read verified, and both at once (``compute_with_reads_ms``: a perfect
+   overlap on this machine, the CPU time of the reads and their checks taken from the
+   compute, which the lower bound below leaves out; ``over_compute_with_reads_cold`` sets
+   each competitor against it). Every call's output is checked against eager's
    saved output. A competitor that fails records its error and the bench goes on (a round
    that failed fails the competitor). Where the cache cannot be dropped (not root), the JSON
    says ``page cache not dropped: <why>``.

@@ -20,9 +20,16 @@ from typing import Any
 
 import torch
 
-from .competitors import COMPETITORS, Call, Competitor, Context
+from .competitors import COMPETITORS, Call, Competitor, Context, Eager
 from .generation import Generate
-from .measure import PeakRss, drop_page_cache, io_read_bytes, param_bytes, proc_status
+from .measure import (
+    PeakRss,
+    drop_page_cache,
+    io_read_bytes,
+    param_bytes,
+    proc_status,
+    read_all,
+)
 from .workload import GenerateWorkload, Workload, load_workload, worst_quality
 
 CHECKPOINT = "model.safetensors"
@@ -110,6 +117,46 @@ def paired_reads(
     return {"pairs": pairs, "quality": worst_quality(checks)}
 
 
+def overlap_triples(
+    call: Call,
+    competitor: Competitor,
+    count: int,
+    check: Callable[[Any], dict[str, Any]],
+) -> dict[str, Any] | None:
+    """``count`` triples, the page cache dropped before each part: one call alone, the bytes
+    a plan under the budget must stream each call read alone (``Eager.streamed_reads``), and
+    both at once, every read submitted as the call starts, timed until the call and the
+    reads are both done. The third is what a plan that overlapped its reads with its compute
+    perfectly would take on this machine: its reads and their checks take their CPU time
+    from the compute. ``None`` for a competitor with no such reads (all but CPU eager)."""
+    streamed = competitor.streamed_reads() if isinstance(competitor, Eager) else None
+    if streamed is None:
+        return None
+    reader, locations = streamed
+    triples: list[dict[str, float]] = []
+    checks: list[dict[str, Any]] = []
+    for _ in range(count):
+        drop_page_cache()
+        start = time.perf_counter()
+        checks.append(check(call()))
+        call_s = time.perf_counter() - start
+        drop_page_cache()
+        reads_s = read_all(reader, locations)
+        drop_page_cache()
+        start = time.perf_counter()
+        futures = [reader.submit(loc) for loc in locations]
+        checks.append(check(call()))
+        for future in futures:
+            reader.pool.give(future.result().buffer)
+        together_s = time.perf_counter() - start
+        triples.append({"call_s": call_s, "reads_s": reads_s, "together_s": together_s})
+    return {
+        "triples": triples,
+        "bytes": sum(loc.nbytes for loc in locations),
+        "quality": worst_quality(checks),
+    }
+
+
 def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything a competitor's process measures on one regime (see ``bench.offload``)."""
     torch.set_grad_enabled(False)
@@ -137,15 +184,22 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     warm = timed_calls(call, competitor, expected, workload, spec["repeats"], False, peaks)
     # the process's peak before the pairs' reads alone, which hold every read at once
     lifetime_peak = peaks.lifetime()
-    paired = None
+    paired = overlap = None
     if ctx.new_tokens is None:
         check = functools.partial(workload.quality, expected=expected)
         paired = paired_reads(call, competitor, spec["repeats"], drop, check)
+        if drop:
+            overlap = overlap_triples(call, competitor, spec["repeats"], check)
     for phase in (cold, warm):
         peak, base = phase["peak_rss_calls_bytes"], baseline.get("VmRSS")
         phase["rss_growth_bytes"] = peak - base if peak and base else None
     quality = worst_quality(
-        [*warm_checks, cold["quality"], warm["quality"], *([paired["quality"]] if paired else [])]
+        [
+            *warm_checks,
+            cold["quality"],
+            warm["quality"],
+            *(extra["quality"] for extra in (paired, overlap) if extra),
+        ]
     )
     return {
         "ok": quality["ok"],
@@ -158,6 +212,7 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
         "cold": cold,
         "warm": warm,
         **({"paired": paired} if paired is not None else {}),
+        **({"overlap": overlap} if overlap is not None else {}),
         "quality": quality,
         "peak_rss_bytes": lifetime_peak,
         "info": competitor.info,

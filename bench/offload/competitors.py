@@ -116,9 +116,45 @@ class Eager(Competitor):
         "every parameter, as anonymous memory (safetensors.torch.load_file of the whole "
         "checkpoint, assigned to the meta model)"
     )
+    _streamed: tuple[Any, list[Any]] | None = None
 
     def setup(self, model: torch.nn.Module) -> None:
         self.model = load_checkpoint_into(model, self.ctx.checkpoint).to(self.device)
+
+    def streamed_reads(self) -> tuple[Any, list[Any]] | None:
+        """What a plan under the budget must read from disk each call at the least: a
+        ``DiskReader`` with the backend's default settings, and the checkpoint's last tensors
+        in file order, at least its bytes over the budget, each read verified as the backend
+        verifies a user's checkpoint (checksums recorded by an untimed first pass, which
+        also fills the reader's pool). ``None`` on a GPU, or when the budget holds it all."""
+        if self.ctx.cuda:
+            return None
+        if self._streamed is None:
+            from tensortorrent_dynamo.io.locations import FileGuard
+            from tensortorrent_dynamo.io.pool import HostBufferPool
+            from tensortorrent_dynamo.io.reader import DiskReader
+            from tensortorrent_dynamo.io.safetensors import safetensors_locations
+
+            found = safetensors_locations(self.ctx.checkpoint)
+            over = sum(loc.nbytes for loc in found.values()) - self.ctx.budget
+            chosen: dict[str, Any] = {}
+            for key, loc in sorted(found.items(), key=lambda kv: -kv[1].offset):
+                if sum(c.nbytes for c in chosen.values()) >= over:
+                    break
+                chosen[key] = loc
+            if not chosen:
+                return None
+            guard = FileGuard(
+                self.ctx.checkpoint,
+                {key: (loc.offset, loc.nbytes, None) for key, loc in chosen.items()},
+                source="checkpoint",
+                advice="run the bench again",
+            )
+            reader = DiskReader(HostBufferPool())
+            locations = list(guard.locate(chosen).values())
+            read_all(reader, locations)
+            self._streamed = (reader, locations)
+        return self._streamed
 
 
 class EagerCpu(Eager):

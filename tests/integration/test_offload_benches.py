@@ -117,11 +117,17 @@ def test_ram_offload_bench(tmp_path: Path) -> None:
     check_offloaded(data, regime)
     assert data["regimes"][regime]["competitors"]["eager"]["quality"]["max_abs_diff"] == 0
     check_tensortorrent(data, regime)
+    # eager computing while the bytes over the budget are read: the floor of a streamed call
+    overlap = data["regimes"][regime]["competitors"]["eager"]["overlap"]
+    assert overlap["streamed_bytes"] >= data["param_bytes"] - data["budget_bytes"]
+    assert overlap["compute_with_reads_ms"] > 0 and overlap["reads_alone_ms"] > 0
+    assert data["regimes"][regime]["ratios"]["tensortorrent"]["over_compute_with_reads_cold"] > 0
     assert set(data["figure"]["batch4"]) == {
         "over_accelerate_cold",
         "over_accelerate_warm",
         "over_lower_bound_cold",
         "call_over_read_alone",
+        "over_compute_with_reads_cold",
     }
 
 
@@ -173,6 +179,7 @@ def process(
     streamed: int | None = None,
     disk_map_bytes: int | None = None,
     paired: list[tuple[float, float]] | None = None,
+    overlap: list[tuple[float, float, float]] | None = None,
 ) -> dict[str, Any]:
     """One competitor process's result as ``run_competitor`` writes it (made up)."""
     per_call = [{} if streamed is None else {"disk_bytes_read": streamed} for _ in cold]
@@ -209,6 +216,9 @@ def process(
     if paired is not None:
         pairs = [{"read_alone_s": alone, "call_s": call} for alone, call in paired]
         result["paired"] = {"pairs": pairs, "quality": {"ok": True}}
+    if overlap is not None:
+        triples = [{"call_s": c, "reads_s": r, "together_s": t} for c, r, t in overlap]
+        result["overlap"] = {"triples": triples, "bytes": 7, "quality": {"ok": True}}
     return {"round": round_, "order": 0, "started_s": 0.0, "process_s": 1.0, "result": result}
 
 
@@ -281,6 +291,42 @@ def test_a_call_is_compared_with_its_own_reads_alone_pair_by_pair() -> None:
     assert ratios["call_over_read_alone_by_round"] == pytest.approx([1.2, 1.0])
     assert ratios["call_over_read_alone"] == pytest.approx(1.1)
     assert "call_over_read_alone" not in out["ratios"]["eager"]
+
+
+def test_competitors_are_set_against_eager_computing_while_the_reads_run() -> None:
+    # Eager's compute and the streamed reads run at once took longer than the slower of
+    # the two alone (the reads took CPU time from the compute): that is the floor a
+    # streamed call is set against, and where it lies against Accelerate, round by round.
+    runs = {
+        "eager": [
+            process(1, [90], [100], overlap=[(0.1, 0.2, 0.25), (0.1, 0.2, 0.3)]),
+            process(2, [90], [100], overlap=[(0.1, 0.4, 0.4)]),
+        ],
+        "accelerate": [process(1, [1000], [900]), process(2, [800], [900])],
+        "tensortorrent": [process(1, [550], [500]), process(2, [400], [500])],
+    }
+    out = summarize_regime(runs, 10**9, 5 * 10**8, 1e9, cuda=False)
+    eager = out["competitors"]["eager"]
+    assert [r["compute_with_reads_ms"] for r in eager["rounds"]] == pytest.approx([275, 400])
+    overlap = eager["overlap"]
+    assert overlap["compute_with_reads_ms"] == pytest.approx(300)  # the median of all three
+    assert overlap["compute_alone_ms"] == pytest.approx(100)
+    assert overlap["reads_alone_ms"] == pytest.approx(200)
+    assert overlap["compute_with_reads_over_slower_alone"] == pytest.approx(1.25)
+    assert overlap["streamed_bytes"] == 7
+    bound = out["lower_bound"]
+    assert bound["compute_with_reads_ms_by_round"] == pytest.approx([275, 400])
+    assert bound["compute_with_reads_over_accelerate_cold_by_round"] == pytest.approx([0.275, 0.5])
+    ratios = out["ratios"]["tensortorrent"]
+    assert ratios["over_compute_with_reads_cold_by_round"] == pytest.approx([2.0, 1.0])
+    assert ratios["over_compute_with_reads_cold"] == pytest.approx(1.5)
+    assert ratios["over_compute_with_reads_cold_pooled"] == pytest.approx(475 / 300)
+    assert "over_compute_with_reads_cold" not in out["ratios"]["eager"]
+    # without eager's triples (a GPU run, or no page cache to drop) there is no such figure
+    runs["eager"] = [process(1, [90], [100]), process(2, [90], [100])]
+    out = summarize_regime(runs, 10**9, 5 * 10**8, 1e9, cuda=False)
+    assert "compute_with_reads_ms" not in out["lower_bound"]
+    assert "over_compute_with_reads_cold" not in out["ratios"]["tensortorrent"]
 
 
 def test_a_failed_round_fails_the_competitor() -> None:
