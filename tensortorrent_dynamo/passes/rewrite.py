@@ -50,6 +50,34 @@ def _segment_of(name: str) -> int:
     return int(name.removeprefix("submod_"))
 
 
+def order_by_segment(gm: torch.fx.GraphModule, segment_of: Callable[[torch.fx.Node], int]) -> None:
+    """Reorder ``gm``'s computing nodes as the plan runs them: segment by segment, each
+    segment's nodes in their traced order.
+
+    ``split_module`` calls the segments in the order their first nodes come in the graph.
+    The planner may order independent branches otherwise than the trace did (CLIP's text
+    and vision towers), so that a later segment's node comes before an earlier segment's;
+    the later segment would then be called before the one that makes its inputs. The
+    order stays topological: no node's segment comes before a segment of its inputs.
+    """
+    graph = gm.graph
+    (output,) = graph.find_nodes(op="output")
+    computing = [n for n in graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    for node in computing:
+        for source in node.all_input_nodes:
+            if source.op not in ("placeholder", "get_attr") and (
+                segment_of(source) > segment_of(node)
+            ):
+                raise AssertionError(
+                    f"the plan runs {source.name} (segment {segment_of(source)}) after its "
+                    f"user {node.name} (segment {segment_of(node)})"
+                )
+    for node in sorted(computing, key=segment_of):  # stable: traced order within a segment
+        output.prepend(node)
+    graph.lint()
+    gm.recompile()
+
+
 def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewritten:
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
     dump("rewrite", "before", gm)
@@ -57,9 +85,12 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
     node_id = {n.name: i for i, n in enumerate(cost.nodes)}
     for node in gm.graph.nodes:
         node.meta[SOURCE_NAME] = node.name
-    parent = split_module(
-        gm, gm, lambda n: plan.node_segment(node_id[n.name]), keep_original_order=True
-    )
+
+    def segment_of(node: torch.fx.Node) -> int:
+        return plan.node_segment(node_id[node.name])
+
+    order_by_segment(gm, segment_of)
+    parent = split_module(gm, gm, segment_of, keep_original_order=True)
     parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph
     params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}

@@ -4,8 +4,10 @@ the plan makes."""
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any
 
+import pytest
 import torch
 
 from tensortorrent_dynamo.cost_graph import build_cost_graph
@@ -114,3 +116,44 @@ def test_a_segment_on_cuda_makes_its_tensors_there() -> None:
         for out in run_on_fake_cuda(rewritten, name):
             if isinstance(out, torch.Tensor):
                 assert out.device == torch.device(CUDA)
+
+
+def _two_branches() -> tuple[torch.fx.GraphModule, dict[str, int]]:
+    """``z = relu(a) + sin(b)`` traced with ``relu`` first, and the segments a plan that
+    runs ``sin`` first gives: segment 1's first node comes before segment 0's."""
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(a)
+        y = torch.sin(b)
+        return x + y
+
+    gm = torch.fx.symbolic_trace(f)
+    return gm, {"relu": 1, "sin": 0, "add": 1}
+
+
+def test_segments_are_called_in_plan_order_whatever_order_the_trace_had() -> None:
+    from torch.fx.passes.split_module import split_module
+
+    from tensortorrent_dynamo.passes.rewrite import order_by_segment
+
+    gm, segments = _two_branches()
+    a, b = torch.randn(3), torch.randn(3)
+
+    def segment_of(node: torch.fx.Node) -> int:
+        return segments[node.name]
+
+    order_by_segment(gm, segment_of)
+    assert [n.name for n in gm.graph.nodes if n.op == "call_function"] == ["sin", "relu", "add"]
+    parent = split_module(gm, gm, segment_of, keep_original_order=True)
+    calls = [n.target for n in parent.graph.nodes if n.op == "call_module"]
+    assert calls == ["submod_0", "submod_1"]
+    torch.testing.assert_close(parent(a, b), torch.relu(a) + torch.sin(b))
+
+
+def test_a_plan_that_runs_an_input_after_its_user_is_refused() -> None:
+    from tensortorrent_dynamo.passes.rewrite import order_by_segment
+
+    gm, segments = _two_branches()
+    segments["sin"] = 2  # after ``add``, which uses it
+    with pytest.raises(AssertionError, match=re.escape("runs sin (segment 2) after its user add")):
+        order_by_segment(gm, lambda node: segments[node.name])
