@@ -87,6 +87,11 @@ def audio_inputs(seed: int) -> Inputs:
     return {"input_values": torch.randn(2, 1600 + 320 * seed, generator=_generator(seed))}
 
 
+def text_image_inputs(seed: int) -> Inputs:
+    """Token ids with a padded mask, and images: a two-tower model's text and pixels."""
+    return {**encoder_inputs(seed), **image_inputs(seed + 100)}
+
+
 def _seeded(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         torch.manual_seed(SEED)
@@ -134,6 +139,25 @@ LM = {
     "bos_token_id": 1,
     "eos_token_id": 2,
     "tie_word_embeddings": False,
+}
+
+
+# the towers of the text-and-image models: 2 layers each, hidden 32, 32x32 images in 8x8 patches
+TOWER_TEXT = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+}
+TOWER_VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 32,
+    "patch_size": 8,
 }
 
 
@@ -725,6 +749,22 @@ ENTRIES: list[Entry] = [
             intermediate_size=128,
         ),
         image_inputs,
+    ),
+    # --- text and image
+    Entry(
+        "clip",
+        "clip",
+        "two independent towers (text and vision) joined only at the end: the plan may run "
+        "their nodes in another order than the trace",
+        _auto("AutoModel", "CLIPConfig", text_config=TOWER_TEXT, vision_config=TOWER_VISION),
+        text_image_inputs,
+    ),
+    Entry(
+        "siglip",
+        "siglip",
+        "two towers with a sigmoid loss's logit scale and bias, an attention-pooling head",
+        _auto("AutoModel", "SiglipConfig", text_config=TOWER_TEXT, vision_config=TOWER_VISION),
+        text_image_inputs,
     ),
     # --- diffusers
     Entry(
