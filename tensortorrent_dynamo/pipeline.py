@@ -31,6 +31,7 @@ from .plan.planner import GraphPlan, Keep, Split, plan_graph
 from .profile import HostProfile, host_profile
 from .run.runtime import Runtime
 from .session import CompiledGraph, Session, make_resident, share_resident, shared_names
+from .units import format_bytes
 from .weights.disk import place_on_disk, whole_weights
 from .weights.pinning import pin_streamed_weights
 from .weights.released import released_location
@@ -206,11 +207,12 @@ def _plan(
             _check_saved(session, plan, saved)
         return plan
 
+    held = session.resident_bytes(frame, names)
     try:
-        return plan_with(shared, session.resident_bytes(frame, names))
-    except PlanInfeasible:
+        return plan_with(shared, held)
+    except PlanInfeasible as exc:
         if shared is cost:
-            raise
+            raise _beside_other_graphs(exc, session, index, frame, held) from None
         # Graph by graph, the earlier graphs' resident sets may leave this one too
         # little; it then plans as if its shared parameters were not yet resident. That
         # is right only where it keeps the same ones resident (planning the graphs of a
@@ -220,7 +222,53 @@ def _plan(
             "planning it as if it kept the same ones resident",
             index,
         )
-        return plan_with(cost, session.resident_bytes(frame, names, everywhere=True))
+    held = session.resident_bytes(frame, names, everywhere=True)
+    try:
+        return plan_with(cost, held)
+    except PlanInfeasible as exc:
+        raise _beside_other_graphs(exc, session, index, frame, held) from None
+
+
+def _beside_other_graphs(
+    error: PlanInfeasible,
+    session: Session,
+    index: int,
+    frame: int | None,
+    held: Mapping[str, int],
+) -> PlanInfeasible:
+    """``error`` in the user's terms where the model's other graphs hold part of a budget it
+    finds too small: the planner saw each budget less what they hold (``held``), so the
+    smallest budget it names is that much short of the one to set, and the message says
+    which graphs hold how much. ``error`` itself where they hold nothing there."""
+    short = {device: need for device, need in error.min_budgets.items() if held.get(device)}
+    if not short:
+        return error
+    notes = []
+    for device, need in short.items():
+        holders = [
+            g.plan.graph_index
+            for g in session.graphs
+            if (
+                any(not r.on_disk for r in g.plan.residency)
+                if device == "cpu"
+                else (frame is None or g.frame != frame)
+                and any(d.name == device for d in g.plan.devices)
+                and g.plan.predicted_peak(device) > 0
+            )
+        ]
+        notes.append(
+            f"on {device} the model's other graphs ({', '.join(map(str, holders))}) hold "
+            f"{format_bytes(held[device])} of the budget (what they keep there, and the room "
+            f"their runs need beside it), so it needs a budget of at least "
+            f"{format_bytes(held[device] + need)} there"
+        )
+    return PlanInfeasible(
+        f"{error} Graph {index} was planned beside the weights the model's graphs planned "
+        f"before it keep (a graph break, or another input shape, makes a graph of its own): "
+        + "; ".join(notes)
+        + ".",
+        {device: held.get(device, 0) + need for device, need in error.min_budgets.items()},
+    )
 
 
 def _infeasible(

@@ -336,7 +336,13 @@ class Session:
         copies on an accelerator all count, as they stay there whatever the new graph
         decides (see :func:`_share_resident`); with ``everywhere``, those named in
         ``exclude`` are left out there too, as if the new graph's plan were to keep the
-        same ones resident."""
+        same ones resident.
+
+        On an accelerator, the room the graphs of other frames need to run beside those
+        copies is held too: the most any of them needs beyond its own resident copies
+        (its predicted peak less them). They run in the same call as the new graph, with
+        its copies held; a new graph that filled the rest with copies would leave an
+        earlier graph no room for its activations."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
@@ -355,7 +361,29 @@ class Session:
                 if not r.on_disk and p.fqn not in exclude:
                     in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
         held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
+        for device, room in self._working_room(frame).items():
+            held[device] = held.get(device, 0) + room
         return held
+
+    def _working_room(self, frame: int | None) -> dict[str, int]:
+        """Per accelerator, the most a graph of another frame than ``frame`` needs there
+        beyond its own resident copies: its predicted peak less them."""
+        room: dict[str, int] = {}
+        for g in self.graphs:
+            if frame is not None and g.frame == frame:
+                continue
+            plan = g.plan
+            for device in plan.devices:
+                if device.profile.is_host:
+                    continue
+                copies = sum(
+                    p.nbytes
+                    for p, r in zip(plan.cost.params, plan.residency, strict=True)
+                    if r.keeps_copy and r.device == device.name
+                )
+                need = max(0, plan.predicted_peak(device.name) - copies)
+                room[device.name] = max(room.get(device.name, 0), need)
+        return room
 
     def disk_tier(
         self, plan: GraphPlan, locations: Mapping[str, TensorLocation]

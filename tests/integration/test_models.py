@@ -288,3 +288,37 @@ def test_graphs_share_a_resident_copy_instead_of_copying_again() -> None:
         torch.testing.assert_close(compiled(x), expected)
     assert compiled.measured_peaks()["virtual:0"] <= budget
     assert compiled.graphs[0].runtime.resident_bytes("virtual:0") == param_bytes(model)
+
+
+class _TwoLayersAcrossABreak(torch.nn.Module):
+    """Two weights, one each side of a graph break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(256, 256, bias=False)
+        self.second = torch.nn.Linear(256, 256, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.first(x))
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+def test_a_graph_that_does_not_fit_beside_the_others_says_what_they_hold() -> None:
+    # The first graph keeps its weight resident in a budget of 1.1 weights; the second
+    # then has a tenth of a weight left, less than the one it must read: the error says
+    # that the first graph holds the rest, and the budget to set is the whole model's.
+    model, x = _TwoLayersAcrossABreak(), torch.randn(4, 256)
+    weight = 256 * 256 * 4
+    with pytest.raises(tt.PlanInfeasible) as caught:
+        tt.compile(model, (x,), devices=["virtual:0"], **_options(weight * 11 // 10))
+    assert "Graph 1 was planned beside" in str(caught.value)
+    assert "the model's other graphs (0) hold" in str(caught.value)
+    (needed,) = caught.value.min_budgets.values()
+    assert needed > weight * 2
+    # the budget it names is enough
+    torch._dynamo.reset()
+    compiled = tt.compile(model, (x,), devices=["virtual:0"], **_options(needed))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
