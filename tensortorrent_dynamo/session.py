@@ -374,7 +374,7 @@ class Session:
                 continue
             plan = g.plan
             for device in plan.devices:
-                if device.profile.is_host:
+                if device.name == "cpu":
                     continue
                 copies = sum(
                     p.nbytes

@@ -82,16 +82,24 @@ def test_resident_bytes_count_the_other_frames_copies_and_the_weights_in_ram() -
     )
     graph.runtime = types.SimpleNamespace(owner=lambda copy: "virtual:0")
     graph.plan.cost.params[0].nbytes = 16
+    # its runs need 24 bytes on the accelerator beside its own copy of "a" (16)
+    peaks = {"cpu": 1000, "virtual:0": 40}
+    graph.plan.predicted_peak = peaks.__getitem__
     session.graphs.append(graph)
     param = torch.zeros(4)  # 16 bytes
     session.resident.put("a", param, "virtual:0", param.clone())
-    # beside a graph of another frame: the copy counts, and both weights the host holds
-    # (the model's own tensor stays in RAM beside its copy on the accelerator)
-    assert session.resident_bytes(2) == {"cpu": 80, "virtual:0": 16}
-    # an alternative of the graph: its copy does not count; the RAM weights do
+    # beside a graph of another frame: the copy counts, and the room that graph's runs
+    # need beside it, and both weights the host holds (the model's own tensor stays in
+    # RAM beside its copy on the accelerator)
+    assert session.resident_bytes(2) == {"cpu": 80, "virtual:0": 16 + 24}
+    # an alternative of the graph: neither its copy nor its room counts (one of them runs
+    # at a time); the RAM weights do
     assert session.resident_bytes(1) == {"cpu": 80, "virtual:0": 0}
     # a new graph that uses "w" counts it itself
-    assert session.resident_bytes(2, exclude=frozenset({"w"})) == {"cpu": 16, "virtual:0": 16}
+    assert session.resident_bytes(2, exclude=frozenset({"w"})) == {
+        "cpu": 16,
+        "virtual:0": 16 + 24,
+    }
 
 
 def test_a_copy_goes_when_its_parameter_does() -> None:

@@ -194,6 +194,61 @@ def _mmdit_inputs(seed: int) -> Inputs:
     }
 
 
+def _flux_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    image, text = 16, 6 + seed  # a 4x4 latent as 16 tokens of 16 channels; text tokens
+    return {
+        "hidden_states": torch.randn(2, image, 16, generator=g),
+        "encoder_hidden_states": torch.randn(2, text, 32, generator=g),
+        "pooled_projections": torch.randn(2, 32, generator=g),
+        "timestep": torch.tensor([0.1 + 0.1 * seed, 0.5]),
+        "img_ids": torch.zeros(image, 3),
+        "txt_ids": torch.zeros(text, 3),
+    }
+
+
+def _pixart_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    return {
+        "hidden_states": torch.randn(2, 4, 8, 8, generator=g),
+        "encoder_hidden_states": torch.randn(2, 5 + seed, 24, generator=g),
+        "timestep": torch.tensor([10 + seed, 500]),
+    }
+
+
+IMAGE_TOKEN = VOCAB - 1
+"""Llava's image token: the ids where the vision tower's features go."""
+
+
+def _llava() -> nn.Module:
+    import transformers
+
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(**TOWER_VISION),
+        # 8 layers: at 4, a third is under what the vision tower and one layer need
+        text_config=transformers.LlamaConfig(**(LM | {"num_hidden_layers": 8})),
+        image_token_index=IMAGE_TOKEN,
+        projector_hidden_act="gelu",
+        vision_feature_layer=-1,
+    )
+    model: nn.Module = transformers.LlavaForConditionalGeneration(config)
+    return model
+
+
+def _llava_inputs(seed: int) -> Inputs:
+    """One image per prompt: as many image tokens as the vision tower has patches (32x32
+    in 8x8 patches: 16), then text."""
+    patches = (TOWER_VISION["image_size"] // TOWER_VISION["patch_size"]) ** 2
+    text = _tokens(seed, vocab=IMAGE_TOKEN)
+    ids = torch.cat([torch.full((2, patches), IMAGE_TOKEN), text], dim=1)
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=_generator(seed + 100)),
+        "use_cache": False,
+    }
+
+
 def _unet2d() -> nn.Module:
     from diffusers import UNet2DModel
 
@@ -501,6 +556,63 @@ ENTRIES: list[Entry] = [
         ),
         decoder_inputs,
     ),
+    Entry(
+        "mamba2",
+        "mamba2",
+        "state-space duality: the scan in chunks (segment sums, cumulative decays), grouped "
+        "B and C, a gated RMSNorm",
+        _causal_lm(
+            "Mamba2Config",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=12,  # as mamba: a third must exceed one layer's working set
+            state_size=8,
+            expand=2,
+            n_groups=1,
+            head_dim=16,
+            num_heads=8,
+            chunk_size=8,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "jamba",
+        "jamba",
+        "hybrid: attention layers between Mamba layers, MoE in every other layer",
+        _causal_lm(
+            "JambaConfig",
+            # 8 layers: at 4, a third is under one layer's working set
+            **(LM | {"num_hidden_layers": 8}),
+            num_experts=4,
+            num_experts_per_tok=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            mamba_d_state=8,
+            mamba_expand=2,
+            use_mamba_kernels=False,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "recurrent_gemma",
+        "recurrent_gemma",
+        "RG-LRU recurrent blocks (a gated linear recurrence) with local attention between",
+        _causal_lm(
+            "RecurrentGemmaConfig",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            lru_width=64,
+            attention_window_size=8,
+            block_types=["recurrent", "recurrent", "attention"],
+        ),
+        decoder_inputs,
+    ),
     # --- encoder-decoders
     Entry(
         "t5",
@@ -766,6 +878,14 @@ ENTRIES: list[Entry] = [
         _auto("AutoModel", "SiglipConfig", text_config=TOWER_TEXT, vision_config=TOWER_VISION),
         text_image_inputs,
     ),
+    Entry(
+        "llava",
+        "llava",
+        "a vision tower's patch features projected and scattered into an LM's image-token "
+        "positions; graph breaks split it into many graphs",
+        _seeded(_llava),
+        _llava_inputs,
+    ),
     # --- diffusers
     Entry(
         "unet2d",
@@ -817,6 +937,46 @@ ENTRIES: list[Entry] = [
             pos_embed_max_size=16,
         ),
         _mmdit_inputs,
+    ),
+    Entry(
+        "flux",
+        "diffusers.FluxTransformer2DModel",
+        "joint text/image blocks then single-stream blocks, rotary embeddings over 3 axes of "
+        "position ids, guidance-free timestep embedding",
+        _diffusers(
+            "FluxTransformer2DModel",
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=6,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        _flux_inputs,
+    ),
+    Entry(
+        "pixart",
+        "diffusers.PixArtTransformer2DModel",
+        "DiT with adaLN-single (one timestep projection shared by every block), caption "
+        "projection, cross-attention",
+        _diffusers(
+            "PixArtTransformer2DModel",
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=4,
+            out_channels=8,
+            num_layers=8,
+            cross_attention_dim=32,
+            sample_size=8,
+            patch_size=2,
+            caption_channels=24,
+            norm_type="ada_norm_single",
+            use_additional_conditions=False,
+        ),
+        _pixart_inputs,
     ),
 ]
 
