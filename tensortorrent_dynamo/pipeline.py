@@ -243,24 +243,30 @@ def _beside_other_graphs(
     short = {device: need for device, need in error.min_budgets.items() if held.get(device)}
     if not short:
         return error
+
+    def holds(graph: CompiledGraph, device: str) -> bool:
+        """Whether ``graph`` is among those ``held`` counts on ``device``: in host RAM its
+        weights kept there, whatever its frame; on an accelerator, for a graph of another
+        frame, its copies and the room its runs need."""
+        plan = graph.plan
+        if device == "cpu":
+            return any(not r.on_disk for r in plan.residency)
+        other = frame is None or graph.frame != frame
+        uses = any(d.name == device for d in plan.devices)
+        return other and uses and plan.predicted_peak(device) > 0
+
     notes = []
     for device, need in short.items():
-        holders = [
-            g.plan.graph_index
-            for g in session.graphs
-            if (
-                any(not r.on_disk for r in g.plan.residency)
-                if device == "cpu"
-                else (frame is None or g.frame != frame)
-                and any(d.name == device for d in g.plan.devices)
-                and g.plan.predicted_peak(device) > 0
-            )
-        ]
+        holders = [g.plan.graph_index for g in session.graphs if holds(g, device)]
+        what = (
+            "the weights they keep in RAM"
+            if device == "cpu"
+            else "the copies they keep there, and the room their runs need beside them"
+        )
         notes.append(
             f"on {device} the model's other graphs ({', '.join(map(str, holders))}) hold "
-            f"{format_bytes(held[device])} of the budget (what they keep there, and the room "
-            f"their runs need beside it), so it needs a budget of at least "
-            f"{format_bytes(held[device] + need)} there"
+            f"{format_bytes(held[device])} of the budget ({what}), so it needs a budget of "
+            f"at least {format_bytes(held[device] + need)} there"
         )
     return PlanInfeasible(
         f"{error} Graph {index} was planned beside the weights the model's graphs planned "
