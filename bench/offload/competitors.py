@@ -139,9 +139,10 @@ class Eager(Competitor):
             over = sum(loc.nbytes for loc in found.values()) - self.ctx.budget
             chosen: dict[str, Any] = {}
             for key, loc in sorted(found.items(), key=lambda kv: -kv[1].offset):
-                if sum(c.nbytes for c in chosen.values()) >= over:
+                if over <= 0:
                     break
                 chosen[key] = loc
+                over -= loc.nbytes
             if not chosen:
                 return None
             guard = FileGuard(

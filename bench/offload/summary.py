@@ -204,7 +204,7 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "must read each call) read alone by a DiskReader with the backend's settings, "
                 "every read verified as the backend's are, and both at once (the reads "
                 "submitted as the call starts, timed until both are done), the page cache "
-                "dropped before each; medians over every triple of every round"
+                "dropped before each where it can be; medians over every triple of every round"
             ),
         }
     streamed, source = _streamed(results[0])
