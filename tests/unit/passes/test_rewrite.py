@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.fx.passes.split_module import split_module
 
 from tensortorrent_dynamo.cost_graph import build_cost_graph
 from tensortorrent_dynamo.functional import capture
-from tensortorrent_dynamo.passes.rewrite import rewrite
+from tensortorrent_dynamo.passes.rewrite import order_by_segment, rewrite
 from tensortorrent_dynamo.plan.planner import GraphPlan, plan_graph
 from tensortorrent_dynamo.profile import host_profile
 from tensortorrent_dynamo.run import ops
@@ -132,10 +133,6 @@ def _two_branches() -> tuple[torch.fx.GraphModule, dict[str, int]]:
 
 
 def test_segments_are_called_in_plan_order_whatever_order_the_trace_had() -> None:
-    from torch.fx.passes.split_module import split_module
-
-    from tensortorrent_dynamo.passes.rewrite import order_by_segment
-
     gm, segments = _two_branches()
     a, b = torch.randn(3), torch.randn(3)
 
@@ -151,8 +148,6 @@ def test_segments_are_called_in_plan_order_whatever_order_the_trace_had() -> Non
 
 
 def test_a_plan_that_runs_an_input_after_its_user_is_refused() -> None:
-    from tensortorrent_dynamo.passes.rewrite import order_by_segment
-
     gm, segments = _two_branches()
     segments["sin"] = 2  # after ``add``, which uses it
     with pytest.raises(AssertionError, match=re.escape("runs sin (segment 2) after its user add")):
