@@ -243,21 +243,9 @@ def _beside_other_graphs(
     short = {device: need for device, need in error.min_budgets.items() if held.get(device)}
     if not short:
         return error
-
-    def holds(graph: CompiledGraph, device: str) -> bool:
-        """Whether ``graph`` is among those ``held`` counts on ``device``: in host RAM its
-        weights kept there, whatever its frame; on an accelerator, for a graph of another
-        frame, its copies and the room its runs need."""
-        plan = graph.plan
-        if device == "cpu":
-            return any(not r.on_disk for r in plan.residency)
-        other = frame is None or graph.frame != frame
-        uses = any(d.name == device for d in plan.devices)
-        return other and uses and plan.predicted_peak(device) > 0
-
     notes = []
     for device, need in short.items():
-        holders = [g.plan.graph_index for g in session.graphs if holds(g, device)]
+        holders = session.holders(frame, device)
         what = (
             "the weights they keep in RAM"
             if device == "cpu"

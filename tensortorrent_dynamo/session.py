@@ -229,9 +229,12 @@ class Session:
         other guards or shapes, the size ranges of a dynamic graph) are alternatives, one
         of them runs per call: when one runs, the copies only the others keep are dropped
         (:meth:`enter`), and each is planned as if they were not there."""
-        return frozenset().union(
-            *(resident_set(g.plan) for g in self.graphs if frame is None or g.frame != frame)
-        )
+        return frozenset().union(*(resident_set(g.plan) for g in self.beside(frame)))
+
+    def beside(self, frame: int | None) -> list[CompiledGraph]:
+        """The graphs whose resident copies a graph of ``frame`` runs beside: those of other
+        frames (every graph, outside Dynamo)."""
+        return [g for g in self.graphs if frame is None or g.frame != frame]
 
     def enter(self, graph: CompiledGraph, args: Sequence[Any] = ()) -> None:
         """Before ``graph`` runs (with ``args``): drop the resident copies that only the
@@ -369,9 +372,7 @@ class Session:
         """Per accelerator, the most a graph of another frame than ``frame`` needs there
         beyond its own resident copies: its predicted peak less them."""
         room: dict[str, int] = {}
-        for g in self.graphs:
-            if frame is not None and g.frame == frame:
-                continue
+        for g in self.beside(frame):
             plan = g.plan
             for device in plan.devices:
                 if device.name == "cpu":
@@ -384,6 +385,21 @@ class Session:
                 need = max(0, plan.predicted_peak(device.name) - copies)
                 room[device.name] = max(room.get(device.name, 0), need)
         return room
+
+    def holders(self, frame: int | None, device: str) -> list[int]:
+        """The indices of the graphs whose holdings :meth:`resident_bytes` counts on
+        ``device`` beside a new graph of ``frame``: in host RAM every graph that keeps
+        weights there; on an accelerator the graphs of other frames that use it."""
+        if device == "cpu":
+            graphs = [g for g in self.graphs if any(not r.on_disk for r in g.plan.residency)]
+        else:
+            graphs = [
+                g
+                for g in self.beside(frame)
+                if any(d.name == device for d in g.plan.devices)
+                and g.plan.predicted_peak(device) > 0
+            ]
+        return [g.plan.graph_index for g in graphs]
 
     def disk_tier(
         self, plan: GraphPlan, locations: Mapping[str, TensorLocation]
