@@ -199,6 +199,7 @@ def _plan(
         split = Split(chunked.cost, chunked.rows())
     names = shared_names(session, cost)
     shared = share_resident(session, cost, example_inputs, profile, frame)
+    room = session.working_room(frame)
 
     def plan_with(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
         saved = _saved_decisions(session, graph, profile)
@@ -207,12 +208,28 @@ def _plan(
             _check_saved(session, plan, saved)
         return plan
 
-    held = session.resident_bytes(frame, names)
+    def plan_beside(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
+        """The plan of ``graph`` beside what the other graphs keep (``held``), leaving the
+        graphs of other frames the room their runs need (``room``) beside what it keeps.
+        Its own runs share that room (the graphs run one after another), so it is first
+        planned without it; where that plan keeps too much, again with the room held."""
+        try:
+            plan = plan_with(graph, held)
+            if all(
+                plan.kept_bytes(d.name) + room.get(d.name, 0) <= d.budget_bytes
+                for d in plan.devices
+            ):
+                return plan
+            return plan_with(graph, {d: held.get(d, 0) + room.get(d, 0) for d in {*held, *room}})
+        except PlanInfeasible as exc:
+            # the budget it names holds the room too: enough for the second plan
+            raise _beside_other_graphs(exc, session, index, frame, held, room) from None
+
     try:
-        return plan_with(shared, held)
-    except PlanInfeasible as exc:
+        return plan_beside(shared, session.resident_bytes(frame, names))
+    except PlanInfeasible:
         if shared is cost:
-            raise _beside_other_graphs(exc, session, index, frame, held) from None
+            raise
         # Graph by graph, the earlier graphs' resident sets may leave this one too
         # little; it then plans as if its shared parameters were not yet resident. That
         # is right only where it keeps the same ones resident (planning the graphs of a
@@ -222,11 +239,7 @@ def _plan(
             "planning it as if it kept the same ones resident",
             index,
         )
-    held = session.resident_bytes(frame, names, everywhere=True)
-    try:
-        return plan_with(cost, held)
-    except PlanInfeasible as exc:
-        raise _beside_other_graphs(exc, session, index, frame, held) from None
+    return plan_beside(cost, session.resident_bytes(frame, names, everywhere=True))
 
 
 def _beside_other_graphs(
@@ -235,33 +248,37 @@ def _beside_other_graphs(
     index: int,
     frame: int | None,
     held: Mapping[str, int],
+    room: Mapping[str, int],
 ) -> PlanInfeasible:
     """``error`` in the user's terms where the model's other graphs hold part of a budget it
-    finds too small: the planner saw each budget less what they hold (``held``), so the
-    smallest budget it names is that much short of the one to set, and the message says
-    which graphs hold how much. ``error`` itself where they hold nothing there."""
-    short = {device: need for device, need in error.min_budgets.items() if held.get(device)}
+    finds too small: the planner saw each budget less what they keep (``held``), and less
+    the room their runs need beside it (``room``) where it kept too much, so the budget to
+    set is the smallest it names plus both, and the message says which graphs hold how
+    much. ``error`` itself where they hold nothing there."""
+    beside = {d: held.get(d, 0) + room.get(d, 0) for d in {*held, *room}}
+    short = {device: need for device, need in error.min_budgets.items() if beside.get(device)}
     if not short:
         return error
     notes = []
     for device, need in short.items():
         holders = session.holders(frame, device)
-        what = (
-            "the weights they keep in RAM"
-            if device == "cpu"
-            else "the copies they keep there, and the room their runs need beside them"
-        )
+        what = "the weights they keep in RAM" if device == "cpu" else "the copies they keep there"
+        holds = []
+        if held.get(device):
+            holds.append(f"hold {format_bytes(held[device])} of the budget ({what})")
+        if room.get(device):
+            holds.append(f"need {format_bytes(room[device])} beside that to run")
         notes.append(
-            f"on {device} the model's other graphs ({', '.join(map(str, holders))}) hold "
-            f"{format_bytes(held[device])} of the budget ({what}), so it needs a budget of "
-            f"at least {format_bytes(held[device] + need)} there"
+            f"on {device} the model's other graphs ({', '.join(map(str, holders))}) "
+            f"{' and '.join(holds)}, so it needs a budget of at least "
+            f"{format_bytes(beside[device] + need)} there"
         )
     return PlanInfeasible(
         f"{error} Graph {index} was planned beside the weights the model's graphs planned "
         f"before it keep (a graph break, or another input shape, makes a graph of its own): "
         + "; ".join(notes)
         + ".",
-        {device: held.get(device, 0) + need for device, need in error.min_budgets.items()},
+        {device: beside.get(device, 0) + need for device, need in error.min_budgets.items()},
     )
 
 

@@ -341,11 +341,8 @@ class Session:
         ``exclude`` are left out there too, as if the new graph's plan were to keep the
         same ones resident.
 
-        On an accelerator, the room the graphs of other frames need to run beside those
-        copies is held too: the most any of them needs beyond its own resident copies
-        (its predicted peak less them). They run in the same call as the new graph, with
-        its copies held; a new graph that filled the rest with copies would leave an
-        earlier graph no room for its activations."""
+        The room the graphs of other frames need to run beside all that is
+        :meth:`working_room`."""
         if not self.graphs:
             return {}
         runtime = self.graphs[0].runtime
@@ -364,42 +361,40 @@ class Session:
                 if not r.on_disk and p.fqn not in exclude:
                     in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
         held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
-        for device, room in self._working_room(frame).items():
-            held[device] = held.get(device, 0) + room
         return held
 
-    def _working_room(self, frame: int | None) -> dict[str, int]:
-        """Per accelerator, the most a graph of another frame than ``frame`` needs there
-        beyond its own resident copies: its predicted peak less them."""
+    def working_room(self, frame: int | None) -> dict[str, int]:
+        """Per device, the most a graph of another frame than ``frame`` needs there beyond
+        what the graphs keep for good (its predicted peak less what it keeps there,
+        ``GraphPlan.kept_bytes``): its activations and read buffers. Those graphs run in
+        the same call as a new graph of ``frame``, beside what it keeps: a new graph that
+        filled the rest of a budget with weights would leave them no room to run. Their
+        runs come one after another, so the most any of them needs is enough; the new
+        graph's own room shares it (see ``pipeline._plan``)."""
         room: dict[str, int] = {}
         for g in self.beside(frame):
-            plan = g.plan
-            for device in plan.devices:
-                if device.name == "cpu":
-                    continue
-                copies = sum(
-                    p.nbytes
-                    for p, r in zip(plan.cost.params, plan.residency, strict=True)
-                    if r.keeps_copy and r.device == device.name
-                )
-                need = max(0, plan.predicted_peak(device.name) - copies)
-                room[device.name] = max(room.get(device.name, 0), need)
+            for device in g.plan.devices:
+                name = device.name
+                need = max(0, g.plan.predicted_peak(name) - g.plan.kept_bytes(name))
+                room[name] = max(room.get(name, 0), need)
         return room
 
     def holders(self, frame: int | None, device: str) -> list[int]:
-        """The indices of the graphs whose holdings :meth:`resident_bytes` counts on
-        ``device`` beside a new graph of ``frame``: in host RAM every graph that keeps
-        weights there; on an accelerator the graphs of other frames that use it."""
-        if device == "cpu":
-            graphs = [g for g in self.graphs if any(not r.on_disk for r in g.plan.residency)]
-        else:
-            graphs = [
-                g
-                for g in self.beside(frame)
-                if any(d.name == device for d in g.plan.devices)
+        """The indices of the graphs whose holdings :meth:`resident_bytes` and
+        :meth:`working_room` count on ``device`` beside a new graph of ``frame``: the
+        graphs of other frames that use it and, in host RAM, every graph that keeps
+        weights there."""
+        beside = {id(g) for g in self.beside(frame)}
+        return [
+            g.plan.graph_index
+            for g in self.graphs
+            if (
+                id(g) in beside
+                and any(d.name == device for d in g.plan.devices)
                 and g.plan.predicted_peak(device) > 0
-            ]
-        return [g.plan.graph_index for g in graphs]
+            )
+            or (device == "cpu" and any(not r.on_disk for r in g.plan.residency))
+        ]
 
     def disk_tier(
         self, plan: GraphPlan, locations: Mapping[str, TensorLocation]

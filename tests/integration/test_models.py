@@ -322,3 +322,64 @@ def test_a_graph_that_does_not_fit_beside_the_others_says_what_they_hold() -> No
     compiled = tt.compile(model, (x,), devices=["virtual:0"], **_options(needed))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class _WideThenNarrowAcrossABreak(torch.nn.Module):
+    """A graph with large activations (three 256 KiB values at a batch of 256), then, past a
+    graph break, one with a single row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(256, 256, bias=False)
+        self.second = torch.nn.Linear(256, 256, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.first(x)).sum(0, keepdim=True)
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+def test_host_ram_keeps_the_room_an_earlier_graph_runs_in(tmp_path: Any) -> None:
+    # The first graph keeps its weight in RAM and needs 768 KiB to run (its weight and
+    # three activations); the second then has 8 KiB more than its own weight in a budget
+    # of 776 KiB, enough to keep that weight too, which the first graph's next run would
+    # find in the way: 1 MiB in a budget of 776 KiB. The second graph must leave that room:
+    # it fits nowhere, and the error names the budget the model needs.
+    model, x = _WideThenNarrowAcrossABreak(), torch.randn(256, 256)
+    with torch.no_grad():
+        expected = model(x)  # the weights a plan puts on disk leave the model's tensors
+    options: dict[str, Any] = {"offload_dir": str(tmp_path), "compiler": "eager"}
+    with pytest.raises(tt.PlanInfeasible) as caught:
+        tt.compile(model, (x,), budgets={"cpu": 776 * 1024}, **options)
+    assert (
+        "the model's other graphs (0) hold 256.00 KiB of the budget (the weights they keep in "
+        "RAM) and need 512.00 KiB beside that to run, so it needs a budget of at least"
+    ) in str(caught.value)
+    (needed,) = caught.value.min_budgets.values()
+    assert needed > 1024 * 1024
+    torch._dynamo.reset()
+    compiled = tt.compile(model, (x,), budgets={"cpu": needed}, **options)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(compiled(x), expected)
+    _fit_beside_each_other(compiled.graphs, needed)
+    # Less than that, with weights read in row chunks: the second graph reads its weight
+    # from disk chunk by chunk, keeping no more in RAM than leaves the first one its room.
+    torch._dynamo.reset()
+    budget = 900 * 1024
+    compiled = tt.compile(
+        model, (x,), budgets={"cpu": budget}, stream_chunk_bytes="64KiB", **options
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected, atol=1e-4, rtol=1e-4)
+    assert any(r.reads_from_disk for r in compiled.graphs[1].plan.residency)
+    _fit_beside_each_other(compiled.graphs, budget)
+
+
+def _fit_beside_each_other(graphs: list[Any], budget: int) -> None:
+    """Whichever of two graphs runs, it runs beside what the other keeps in RAM, within
+    the host budget."""
+    peaks = [g.plan.predicted_peak("cpu") for g in graphs]
+    kept = [g.plan.kept_bytes("cpu") for g in graphs]
+    assert peaks[0] + kept[1] <= budget and peaks[1] + kept[0] <= budget, (peaks, kept)

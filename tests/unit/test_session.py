@@ -3,12 +3,13 @@ keeps beside the others."""
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import torch
 
-from tensortorrent_dynamo.plan.planner import Keep, resident_set
+from tensortorrent_dynamo.plan.planner import GraphPlan, Keep, resident_set
 from tensortorrent_dynamo.plan.residency import Residency, Tier
 from tensortorrent_dynamo.session import Session
 from tensortorrent_dynamo.settings import parse_options
@@ -16,12 +17,14 @@ from tensortorrent_dynamo.settings import parse_options
 
 def _plan(residency: dict[str, Residency], index: int = 0, follows: int | None = None) -> Any:
     params = tuple(types.SimpleNamespace(fqn=fqn) for fqn in residency)
-    return types.SimpleNamespace(
+    plan = types.SimpleNamespace(
         cost=types.SimpleNamespace(params=params),
         residency=tuple(residency.values()),
         graph_index=index,
         follows=follows,
     )
+    plan.kept_bytes = functools.partial(GraphPlan.kept_bytes, plan)
+    return plan
 
 
 def _graph(frame: int | None, residency: dict[str, Residency], index: int = 0) -> Any:
@@ -88,18 +91,17 @@ def test_resident_bytes_count_the_other_frames_copies_and_the_weights_in_ram() -
     session.graphs.append(graph)
     param = torch.zeros(4)  # 16 bytes
     session.resident.put("a", param, "virtual:0", param.clone())
-    # beside a graph of another frame: the copy counts, and the room that graph's runs
-    # need beside it, and both weights the host holds (the model's own tensor stays in
-    # RAM beside its copy on the accelerator)
-    assert session.resident_bytes(2) == {"cpu": 80, "virtual:0": 16 + 24}
-    # an alternative of the graph: neither its copy nor its room counts (one of them runs
-    # at a time); the RAM weights do
+    # beside a graph of another frame: the copy counts, and both weights the host holds
+    # (the model's own tensor stays in RAM beside its copy on the accelerator)
+    assert session.resident_bytes(2) == {"cpu": 80, "virtual:0": 16}
+    # and that graph's runs need room beside them: its peaks less what it keeps
+    assert session.working_room(2) == {"cpu": 1000 - 80, "virtual:0": 40 - 16}
+    # an alternative of the graph: its copy does not count, nor its room (one of them
+    # runs at a time); the RAM weights do
     assert session.resident_bytes(1) == {"cpu": 80, "virtual:0": 0}
+    assert session.working_room(1) == {}
     # a new graph that uses "w" counts it itself
-    assert session.resident_bytes(2, exclude=frozenset({"w"})) == {
-        "cpu": 16,
-        "virtual:0": 16 + 24,
-    }
+    assert session.resident_bytes(2, exclude=frozenset({"w"})) == {"cpu": 16, "virtual:0": 16}
 
 
 def test_a_copy_goes_when_its_parameter_does() -> None:

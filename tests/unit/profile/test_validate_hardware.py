@@ -228,14 +228,15 @@ def test_each_op_of_the_probe_has_a_fixed_cost_of_its_own(run: Run) -> None:
 
 def test_the_probe_is_timed_with_cold_caches_too(run: Run) -> None:
     """The host's cold cost is the probe's extra time with its caches evicted, over its
-    kinds of op: positive, below its whole time per call, and read by the planner."""
+    kinds of op: not negative (a host whose speed drifts between the two timings may
+    measure no extra), below its whole time per call, and read by the planner."""
     cpu = next(d for d in run.report["devices"] if d["name"] == "cpu")
     cold = cpu["op_cold_latency"]
     kinds = len(cpu["op_latencies"])
     assert f"over its {kinds} kinds of op" in cold["method"], cold
     assert "written before each call" in cold["method"], cold
     per_call = cpu["op_latency"]["value"] * 200  # the probe has more than 200 ops
-    assert 0 < cold["value"] * kinds < per_call, (cold, per_call)
+    assert 0 <= cold["value"] * kinds < per_call, (cold, per_call)
     profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
     assert profile.device("cpu").cold_latency_s == cold["value"]
     assert "op latency, first call cold" in run.output
