@@ -1,10 +1,12 @@
 """Every corpus entry through the backend at no budget and at a third of its parameters'
 bytes, called twice with different inputs, compared with eager; afterwards the original
-module still gives eager's result and its tensors are unchanged."""
+module still gives eager's result and its tensors are unchanged. Every entry also runs on
+the host alone with a third of its parameters' bytes in RAM, the rest read from disk."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from .harness import (
     check_plans,
     entry_cases,
     options,
+    param_bytes,
     peak,
 )
 from .models import BUDGETS, BY_NAME, ENTRIES, Entry
@@ -42,6 +45,35 @@ def test_entry_matches_eager(entry: Entry, budget: str) -> None:
     with torch.no_grad():
         assert_same(model(**entry.inputs(0)), expected[0], "the original module afterwards")
     assert_tensors_equal(model, reference)
+
+
+@pytest.mark.parametrize(("entry", "budget"), entry_cases(ENTRIES, ("disk",)))
+def test_entry_streams_from_disk_within_a_host_budget(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """With no accelerator and a host budget of a third of the parameters' bytes, the plans
+    keep what fits in RAM and read the rest from the disk tier on every call: two calls with
+    different inputs match eager, some weight is read from disk, and no graph's predicted
+    host peak is over the budget. (The model's own tensors of the weights moved to disk are
+    released, so the original module is not called afterwards.)"""
+    model = entry.build()
+    calls = [entry.inputs(0), entry.inputs(1)]
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+
+    limit = param_bytes(model) // 3
+    compiled = tt.compile(
+        model, budgets={"cpu": limit}, offload_dir=str(tmp_path), compiler="eager"
+    )
+    with torch.no_grad():
+        for i, kwargs in enumerate(calls):
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    plans = [graph.plan for graph in compiled.graphs]
+    assert any(r.reads_from_disk for plan in plans for r in plan.residency), (
+        "a third of the parameters' bytes in RAM: some weight must be read from disk"
+    )
+    peaks = {plan.graph_index: plan.predicted_peak("cpu") for plan in plans}
+    assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
 
 
 @pytest.mark.inductor
