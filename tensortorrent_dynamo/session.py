@@ -155,6 +155,27 @@ class CompiledGraph:
         return self.direct(args)
 
 
+def runs_beside(graph: CompiledGraph, frame: int | None) -> bool:
+    """Whether ``graph`` keeps its resident copies while a graph of ``frame`` runs: it is
+    of another frame (every graph, outside Dynamo). The graphs of one frame are
+    alternatives: one of them runs per call."""
+    return frame is None or graph.frame != frame
+
+
+def peak_beside(graph: CompiledGraph, graphs: Sequence[CompiledGraph], device: str) -> int:
+    """The most ``device`` is predicted to hold while ``graph`` runs in a model of
+    ``graphs``: its plan's peak there, and what the graphs of other frames keep there for
+    good (resident copies; on the host, weights in RAM) that it does not use itself. What
+    a new graph is planned beside (:meth:`Session.resident_bytes`) keeps this within the
+    budget."""
+    own = {p.fqn for p in graph.plan.cost.params}
+    others: dict[str, int] = {}
+    for g in graphs:
+        if g is not graph and runs_beside(g, graph.frame):
+            others.update((f, n) for f, n in g.plan.kept(device).items() if f not in own)
+    return graph.plan.predicted_peak(device) + sum(others.values())
+
+
 def _collect_compile_garbage(graph_index: int) -> None:
     """Free the garbage Dynamo's tracing left, before a graph's first call.
 
@@ -234,7 +255,7 @@ class Session:
     def beside(self, frame: int | None) -> list[CompiledGraph]:
         """The graphs whose resident copies a graph of ``frame`` runs beside: those of other
         frames (every graph, outside Dynamo)."""
-        return [g for g in self.graphs if frame is None or g.frame != frame]
+        return [g for g in self.graphs if runs_beside(g, frame)]
 
     def enter(self, graph: CompiledGraph, args: Sequence[Any] = ()) -> None:
         """Before ``graph`` runs (with ``args``): drop the resident copies that only the
