@@ -405,12 +405,11 @@ class Session:
         :meth:`working_room` count on ``device`` beside a new graph of ``frame``: the
         graphs of other frames that use it and, in host RAM, every graph that keeps
         weights there."""
-        beside = {id(g) for g in self.beside(frame)}
         return [
             g.plan.graph_index
             for g in self.graphs
             if (
-                id(g) in beside
+                runs_beside(g, frame)
                 and any(d.name == device for d in g.plan.devices)
                 and g.plan.predicted_peak(device) > 0
             )
