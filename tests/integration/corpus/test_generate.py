@@ -1,6 +1,7 @@
 """``generate()`` with ``model.forward`` compiled through the backend (decoder-only and
-encoder-decoder models): greedy, 10 new tokens, two prompts of different shapes, with the default dynamic cache and with
-``cache_implementation="static"``, at no budget and at a third of the parameters' bytes.
+encoder-decoder models): greedy, 10 new tokens, two prompts of different shapes, with the
+default dynamic cache and with ``cache_implementation="static"``, at no budget and at a
+third of the parameters' bytes.
 The tokens equal eager's, every forward call ran through the backend, and the peak
 measured on the virtual device during each call is within its budget.
 
