@@ -162,20 +162,6 @@ def runs_beside(graph: CompiledGraph, frame: int | None) -> bool:
     return frame is None or graph.frame != frame
 
 
-def peak_beside(graph: CompiledGraph, graphs: Sequence[CompiledGraph], device: str) -> int:
-    """The most ``device`` is predicted to hold while ``graph`` runs in a model of
-    ``graphs``: its plan's peak there, and what the graphs of other frames keep there for
-    good (resident copies; on the host, weights in RAM) that it does not use itself. What
-    a new graph is planned beside (:meth:`Session.resident_bytes`) keeps this within the
-    budget."""
-    own = {p.fqn for p in graph.plan.cost.params}
-    others: dict[str, int] = {}
-    for g in graphs:
-        if g is not graph and runs_beside(g, graph.frame):
-            others.update((f, n) for f, n in g.plan.kept(device).items() if f not in own)
-    return graph.plan.predicted_peak(device) + sum(others.values())
-
-
 def _collect_compile_garbage(graph_index: int) -> None:
     """Free the garbage Dynamo's tracing left, before a graph's first call.
 

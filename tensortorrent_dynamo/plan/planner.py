@@ -313,18 +313,15 @@ class GraphPlan:
                 return self.native.peak_bytes[i]
         raise KeyError(device)
 
-    def kept(self, device: str) -> dict[str, int]:
-        """The parameters the plan keeps on ``device`` from run to run, fqn -> bytes: its
-        resident copies there and, on the host, the weights kept in RAM as they are (both
-        in its predicted peak there)."""
-        return {
-            p.fqn: p.nbytes
+    def kept_bytes(self, device: str) -> int:
+        """Bytes of parameters the plan keeps on ``device`` from run to run: its resident
+        copies there and, on the host, the weights kept in RAM as they are (both in its
+        predicted peak there)."""
+        return sum(
+            p.nbytes
             for p, r in zip(self.cost.params, self.residency, strict=True)
             if (r.keeps_copy and r.device == device) or (device == "cpu" and not r.on_disk)
-        }
-
-    def kept_bytes(self, device: str) -> int:
-        return sum(self.kept(device).values())
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,15 +39,12 @@ def _flops(f: float) -> str:
 
 
 def explain_devices(graphs: Sequence[CompiledGraph]) -> list[str]:
-    """One row per device: kind, budget, rates, predicted and measured peak (the model's:
-    the most any graph holds with what the others keep beside it)."""
-    from ..session import peak_beside
-
+    """One row per device: kind, budget, rates, predicted and measured peak."""
     first = graphs[0]
     rows = []
     for planned in first.plan.devices:
         dev = planned.profile
-        predicted = max(peak_beside(g, graphs, dev.name) for g in graphs)
+        predicted = max(g.plan.predicted_peak(dev.name) for g in graphs)
         virtual = first.runtime.virtual.get(dev.name)
         measured = format_bytes(virtual.ledger.peak) if virtual and first.calls else "-"
         rss = [g.last_rss_peak for g in graphs if g.last_rss_peak is not None]

@@ -23,7 +23,6 @@ def _plan(residency: dict[str, Residency], index: int = 0, follows: int | None =
         graph_index=index,
         follows=follows,
     )
-    plan.kept = functools.partial(GraphPlan.kept, plan)
     plan.kept_bytes = functools.partial(GraphPlan.kept_bytes, plan)
     return plan
 

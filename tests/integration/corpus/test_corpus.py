@@ -68,11 +68,11 @@ def test_entry_streams_from_disk_within_a_host_budget(
     with torch.no_grad():
         for i, kwargs in enumerate(calls):
             assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
-    plans = [graph.plan for graph in compiled.graphs]
-    assert any(r.reads_from_disk for plan in plans for r in plan.residency), (
+    graphs = compiled.graphs
+    assert any(r.reads_from_disk for g in graphs for r in g.plan.residency), (
         "a third of the parameters' bytes in RAM: some weight must be read from disk"
     )
-    peaks = {plan.graph_index: plan.predicted_peak("cpu") for plan in plans}
+    peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
     assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
 
 
