@@ -324,15 +324,9 @@ def test_a_graph_that_does_not_fit_beside_the_others_says_what_they_hold() -> No
         torch.testing.assert_close(compiled(x), model(x))
 
 
-class _WideThenNarrowAcrossABreak(torch.nn.Module):
+class _WideThenNarrowAcrossABreak(_TwoLayersAcrossABreak):
     """A graph with large activations (three 256 KiB values at a batch of 256), then, past a
     graph break, one with a single row."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.first = torch.nn.Linear(256, 256, bias=False)
-        self.second = torch.nn.Linear(256, 256, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.first(x)).sum(0, keepdim=True)
