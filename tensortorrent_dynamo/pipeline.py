@@ -220,7 +220,7 @@ def _plan(
                 for d in plan.devices
             ):
                 return plan
-            return plan_with(graph, {d: held.get(d, 0) + room.get(d, 0) for d in {*held, *room}})
+            return plan_with(graph, _per_device_sum(held, room))
         except PlanInfeasible as exc:
             # the budget it names holds the room too: enough for the second plan
             raise _beside_other_graphs(exc, session, index, frame, held, room) from None
@@ -242,6 +242,11 @@ def _plan(
     return plan_beside(cost, session.resident_bytes(frame, names, everywhere=True))
 
 
+def _per_device_sum(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    """Bytes per device: ``a``'s and ``b``'s together."""
+    return {d: a.get(d, 0) + b.get(d, 0) for d in {*a, *b}}
+
+
 def _beside_other_graphs(
     error: PlanInfeasible,
     session: Session,
@@ -255,7 +260,7 @@ def _beside_other_graphs(
     the room their runs need beside it (``room``) where it kept too much, so the budget to
     set is the smallest it names plus both, and the message says which graphs hold how
     much. ``error`` itself where they hold nothing there."""
-    beside = {d: held.get(d, 0) + room.get(d, 0) for d in {*held, *room}}
+    beside = _per_device_sum(held, room)
     short = {device: need for device, need in error.min_budgets.items() if beside.get(device)}
     if not short:
         return error
