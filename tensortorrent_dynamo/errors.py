@@ -78,7 +78,8 @@ class PlanFormatError(TensorTorrentError):
 
 
 class StalePlanError(TensorTorrentError):
-    """A saved plan no longer applies: the graph, the hardware or the profile changed."""
+    """A saved plan no longer applies (the graph, the hardware or the profile changed), or
+    a graph's plan was made stale by another's and cannot be made again."""
 
 
 class InvalidPlacement(TensorTorrentError, ValueError):

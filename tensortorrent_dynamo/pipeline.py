@@ -32,7 +32,7 @@ from .profile import HostProfile, host_profile
 from .run.runtime import Runtime
 from .session import CompiledGraph, Session, make_resident, share_resident, shared_names
 from .units import format_bytes
-from .weights.disk import place_on_disk, whole_weights
+from .weights.disk import place_on_disk, released_weights, whole_weights
 from .weights.pinning import pin_streamed_weights
 from .weights.released import released_location
 
@@ -96,6 +96,7 @@ def plan_and_compile(
     else:
         weights, inputs = whole_weights(plan.cost, example_inputs), list(example_inputs)
     locations = place_on_disk(plan, weights, settings)
+    session.released(plan.graph_index, released_weights(plan, weights))
     if inputs is None:
         assert chunked is not None
         inputs = chunked.expand(example_inputs)
@@ -162,7 +163,7 @@ class Replanner:
         self.frame = frame
         self.sizes = sizes
 
-    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None:
+    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep | None) -> None:
         if self.gm is None:
             raise RuntimeError("this graph's traced graph was released: it cannot plan again")
         inputs = dataclasses.replace(self.shape, values=tuple(args))
@@ -200,30 +201,43 @@ def _plan(
     names = shared_names(session, cost)
     shared = share_resident(session, cost, example_inputs, profile, frame)
     room = session.working_room(frame)
+    in_ram = session.in_ram_for_good(index)
 
-    def plan_with(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
+    def plan_with(graph: CostGraph, held: Mapping[str, int], lean: bool = False) -> GraphPlan:
         saved = _saved_decisions(session, graph, profile)
-        plan = plan_graph(index, graph, profile, settings, held, on_disk, split, saved, keep)
+        plan = plan_graph(
+            index, graph, profile, settings, held, on_disk, split, saved, keep, in_ram, lean
+        )
         if settings.plan is not None:
             _check_saved(session, plan, saved)
         return plan
+
+    def leaves_room(plan: GraphPlan) -> bool:
+        return all(
+            plan.kept_bytes(d.name) + room.get(d.name, 0) <= d.budget_bytes for d in plan.devices
+        )
 
     def plan_beside(graph: CostGraph, held: Mapping[str, int]) -> GraphPlan:
         """The plan of ``graph`` beside what the other graphs keep (``held``), leaving the
         graphs of other frames the room their runs need (``room``) beside what it keeps.
         Its own runs share that room (the graphs run one after another), so it is first
-        planned without it; where that plan keeps too much, again with the room held."""
+        planned without it; where that plan keeps too much, the same plan keeping no
+        copies (streaming what it would keep); where that still keeps too much, a plan
+        with the room held."""
         try:
             plan = plan_with(graph, held)
-            if all(
-                plan.kept_bytes(d.name) + room.get(d.name, 0) <= d.budget_bytes
-                for d in plan.devices
-            ):
+            if leaves_room(plan):
                 return plan
+            if settings.plan is None:
+                plan = plan_with(graph, held, lean=True)
+                if leaves_room(plan):
+                    return plan
             return plan_with(graph, _per_device_sum(held, room))
         except PlanInfeasible as exc:
             # the budget it names holds the room too: enough for the second plan
-            raise _beside_other_graphs(exc, session, index, frame, held, room) from None
+            raise _beside_other_graphs(
+                exc, session, index, frame, held, room, in_ram & names
+            ) from None
 
     try:
         return plan_beside(shared, session.resident_bytes(frame, names))
@@ -254,16 +268,25 @@ def _beside_other_graphs(
     frame: int | None,
     held: Mapping[str, int],
     room: Mapping[str, int],
+    in_ram: frozenset[str],
 ) -> PlanInfeasible:
     """``error`` in the user's terms where the model's other graphs hold part of a budget it
     finds too small: the planner saw each budget less what they keep (``held``), and less
     the room their runs need beside it (``room``) where it kept too much, so the budget to
     set is the smallest it names plus both, and the message says which graphs hold how
-    much. ``error`` itself where they hold nothing there."""
+    much; and it names the weights of the graph that had to stay in RAM (``in_ram``, see
+    ``Session.in_ram_for_good``). ``error`` itself where neither applies."""
     beside = _per_device_sum(held, room)
     short = {device: need for device, need in error.min_budgets.items() if beside.get(device)}
+    kept = ""
+    if in_ram:
+        listed = ", ".join(sorted(in_ram)[:3]) + (", ..." if len(in_ram) > 3 else "")
+        kept = (
+            f" It keeps {len(in_ram)} weights in RAM ({listed}): the model's earlier graphs "
+            "read them from there, and their plans can no longer change."
+        )
     if not short:
-        return error
+        return PlanInfeasible(f"{error}{kept}", error.min_budgets) if kept else error
     notes = []
     for device, need in short.items():
         holders = session.holders(frame, device)
@@ -282,7 +305,8 @@ def _beside_other_graphs(
         f"{error} Graph {index} was planned beside the weights the model's graphs planned "
         f"before it keep (a graph break, or another input shape, makes a graph of its own): "
         + "; ".join(notes)
-        + ".",
+        + "."
+        + kept,
         {device: beside.get(device, 0) + need for device, need in error.min_budgets.items()},
     )
 

@@ -21,8 +21,8 @@ import torch
 import torch.fx
 
 from .compiling.verify import eager_values, verified_call
-from .cost_graph import CostGraph
-from .errors import PlanInfeasible
+from .cost_graph import CostGraph, ParamRef
+from .errors import PlanInfeasible, StalePlanError
 from .io.locations import TensorLocation
 from .io.pool import (
     HostBufferPool,
@@ -36,6 +36,7 @@ from .passes.chunk_weights import ChunkedInputs
 from .plan.files import SavedPlan
 from .plan.files import load as load_plan
 from .plan.planner import GraphPlan, Keep, resident_set
+from .plan.residency import Residency
 from .profile import HostProfile
 from .run.ops import DirectCall, direct_segment
 from .run.record import RssSampler
@@ -51,7 +52,7 @@ class Replan(Protocol):
     """Plans a graph again with a call's arguments, keeping another graph's resident copies
     where they fit, and makes the graph that plan (``pipeline.Replanner``)."""
 
-    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep) -> None: ...
+    def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep | None) -> None: ...
 
     def release(self) -> None:
         """Let go of what planning again needs (the traced graph)."""
@@ -93,6 +94,9 @@ class CompiledGraph:
     replan: Replan | None = None
     # the module's one segment, when the schedule only calls it (see ``direct_segment``)
     direct: DirectCall | None = dataclasses.field(init=False, default=None)
+    # the index of a later graph whose plan put on disk (and released) weights this
+    # graph's plan keeps in RAM: it is planned again before its next call (``Session.enter``)
+    stale: int | None = None
 
     def __post_init__(self) -> None:
         self.direct = direct_segment(self.module)
@@ -155,6 +159,22 @@ class CompiledGraph:
         return self.direct(args)
 
 
+def whole_name(graph: CompiledGraph, param: ParamRef) -> str:
+    """The fqn of the whole weight ``param`` of ``graph``'s plan is (rows of)."""
+    return graph.chunks.parent(param) if graph.chunks is not None else param.fqn
+
+
+def weights_in_ram(graph: CompiledGraph) -> frozenset[str]:
+    """The weights (whole, by fqn) ``graph``'s plan may use from the model's tensors: those
+    whose tier is RAM (kept there, or copied from there), and those whose tier is disk it
+    keeps in RAM, which are the model's tensors themselves until a plan releases them."""
+    return frozenset(
+        whole_name(graph, p)
+        for p, r in zip(graph.plan.cost.params, graph.plan.residency, strict=True)
+        if not r.on_disk or (r.keeps_copy and r.device == "cpu")
+    )
+
+
 def runs_beside(graph: CompiledGraph, frame: int | None) -> bool:
     """Whether ``graph`` keeps its resident copies while a graph of ``frame`` runs: it is
     of another frame (every graph, outside Dynamo). The graphs of one frame are
@@ -207,6 +227,8 @@ class Session:
     current: CompiledGraph | None = None
     # the plan file the settings name, once read
     saved: SavedPlan | None = None
+    # the weights (whole, by fqn) the plans read from disk whose RAM is released
+    on_disk: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, settings: Settings) -> Session:
@@ -253,7 +275,10 @@ class Session:
         runs after that one has been called more, it is planned again, once for the whole
         frame, keeping those copies where they fit (``plan.planner.Keep``), so that
         switching between them drops and reads again nothing. A graph still alone in its
-        frame at its second call is never planned again."""
+        frame at its second call is never planned again, except where it is stale: a later
+        graph's plan released weights its plan keeps in RAM (:meth:`released`)."""
+        if graph.stale is not None:
+            self.plan_again(graph, args)
         if graph.replan is not None and graph.calls and len(self.alternatives(graph)) < 2:
             # alone in its frame after its first call: nothing to share copies with, and
             # its hook holds the traced graph
@@ -291,6 +316,8 @@ class Session:
         replan = graph.replan
         assert replan is not None
         for g in self.alternatives(graph):
+            if g.stale is not None:  # it must still be planned again itself
+                continue
             if g.replan is not None and g.replan is not replan:
                 g.replan.release()
             g.replan = None
@@ -320,6 +347,63 @@ class Session:
         )
         _collect_compile_garbage(graph.plan.graph_index)
 
+    def in_ram_for_good(self, replacing: int | None = None) -> frozenset[str]:
+        """The weights (whole, by fqn) kept in RAM by the plans that cannot change any more
+        (their graphs can no longer be planned again), but the one of graph ``replacing``:
+        a new plan must leave them in RAM, as releasing one to disk would leave those
+        graphs with an empty tensor where their plans expect its bytes."""
+        return frozenset(
+            name
+            for g in self.graphs
+            if g.replan is None and g.plan.graph_index != replacing
+            for name in weights_in_ram(g)
+        )
+
+    def released(self, index: int, names: frozenset[str]) -> None:
+        """Graph ``index``'s plan released the weights ``names`` (whole, by fqn) to disk:
+        the other graphs whose plans keep one of them in RAM are stale, and are planned
+        again before they next run (:meth:`enter`). They all can be: the weights the plans
+        that cannot change keep in RAM are never released (:meth:`in_ram_for_good`)."""
+        new, self.on_disk = names - self.on_disk, self.on_disk | names
+        for g in self.graphs:
+            if g.plan.graph_index != index and not new.isdisjoint(weights_in_ram(g)):
+                g.stale = index
+                log.info(
+                    "graph %d's plan put on disk weights graph %d's plan keeps in RAM: "
+                    "graph %d is planned again before its next call",
+                    index,
+                    g.plan.graph_index,
+                    g.plan.graph_index,
+                )
+
+    def plan_again(self, graph: CompiledGraph, args: Sequence[Any]) -> None:
+        """Plan stale ``graph`` again with ``args`` (see :meth:`released`), now that the
+        weights another graph's plan released are on disk."""
+        stale, graph.stale = graph.stale, None
+        index = graph.plan.graph_index
+        if graph.replan is None:
+            raise StalePlanError(
+                f"graph {index}'s plan keeps in RAM weights that graph {stale}'s plan put on "
+                "disk, and it can no longer be planned again; torch._dynamo.reset() and "
+                "compile the model again"
+            )
+        started = time.perf_counter()
+        try:
+            graph.replan(graph, args, None)
+        except PlanInfeasible as exc:
+            raise PlanInfeasible(
+                f"graph {index} was planned again, as graph {stale}'s plan put on disk "
+                f"weights its plan kept in RAM, and it no longer fits: {exc}",
+                exc.min_budgets,
+            ) from None
+        log.info(
+            "graph %d planned again, its weights on disk as graph %d's plan left them (%.1f s)",
+            index,
+            stale,
+            time.perf_counter() - started,
+        )
+        _collect_compile_garbage(index)
+
     def make_room(self, plan: GraphPlan, frame: int | None) -> None:
         """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""
         keep = resident_set(plan) | self.kept_beside(frame)
@@ -338,10 +422,11 @@ class Session:
         exclude: frozenset[str] = frozenset(),
         everywhere: bool = False,
     ) -> dict[str, int]:
-        """Bytes held for good per device beside a new graph of ``frame``: the resident
-        copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
-        weights the plans keep in RAM as they are, less those of the parameters named in
-        ``exclude`` on the host (a new graph that uses them counts them itself). A model of
+        """Bytes held for good per device beside a new graph of ``frame``: on an
+        accelerator, the resident copies of the graphs of other frames
+        (:meth:`kept_beside`); on the host, what the plans hold in RAM
+        (:meth:`_holds_in_ram`), less the parameters named in ``exclude`` (a new graph
+        that uses them counts them itself). A model of
         several graphs thus fits its budgets as a whole, graph by graph. Those resident
         copies on an accelerator all count, as they stay there whatever the new graph
         decides (see :func:`_share_resident`); with ``everywhere``, those named in
@@ -357,18 +442,32 @@ class Session:
         held = {name: 0 for g in self.graphs for name in (d.name for d in g.plan.devices)}
         for fqn, copy in self.resident.copies():
             device = runtime.owner(copy)
-            if (fqn, device) not in keep:
-                continue
-            if fqn in exclude and (device == "cpu" or everywhere):
+            if device == "cpu" or (fqn, device) not in keep:
+                continue  # the plans say what the host holds, below
+            if fqn in exclude and everywhere:
                 continue
             held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
         in_ram: dict[str, int] = {}
         for g in self.graphs:
             for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True):
-                if not r.on_disk and p.fqn not in exclude:
+                if p.fqn not in exclude and self._holds_in_ram(g, p, r, frame):
                     in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
         held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
         return held
+
+    def _holds_in_ram(
+        self, graph: CompiledGraph, param: ParamRef, residency: Residency, frame: int | None
+    ) -> bool:
+        """Whether ``graph``'s plan holds ``param`` in host RAM beside a new graph of
+        ``frame``: a weight used from the model's tensor (its tier is RAM), or the copy in
+        RAM of one whose tier is disk, which is the model's tensor itself while no plan
+        released that to disk, and else a copy of what was read, held while ``graph`` is of
+        another frame (its alternatives' are dropped when one of them runs)."""
+        if not residency.on_disk:
+            return True
+        if not (residency.keeps_copy and residency.device == "cpu"):
+            return False
+        return whole_name(graph, param) not in self.on_disk or runs_beside(graph, frame)
 
     def working_room(self, frame: int | None) -> dict[str, int]:
         """Per device, the most a graph of another frame than ``frame`` needs there beyond

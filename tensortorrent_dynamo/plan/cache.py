@@ -32,6 +32,7 @@ def key(
     split: CostGraph | None,
     on_disk: Sequence[str],
     devices: Sequence[_planner.Device],
+    in_ram: Sequence[str],
     options: Mapping[str, object],
     planner_version: str,
 ) -> str:
@@ -40,6 +41,7 @@ def key(
         "graph": cost.digest(),
         "split": split.digest() if split is not None else None,
         "on_disk": list(on_disk),
+        "in_ram": list(in_ram),
         "devices": [
             [
                 d.name,

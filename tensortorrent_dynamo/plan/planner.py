@@ -428,17 +428,23 @@ def plan_graph(
     split: Split | None = None,
     decisions: Decisions | None = None,
     keep: Keep | None = None,
+    in_ram: frozenset[str] = frozenset(),
+    lean: bool = False,
 ) -> GraphPlan:
     """Plan ``cost``; raises ``PlanInfeasible`` when nothing fits.
 
     Parameters named in ``on_disk`` (by fqn, or a row chunk's parent fqn) live on disk
-    already. The native planner decides every other parameter's tier: host RAM, or disk
-    when the host budget cannot hold the weights in RAM (then it plans ``split`` instead,
-    when given). With ``decisions`` (a saved plan's), those are replayed instead of
-    searching; otherwise the plan cache's are, when it has this graph's. With ``keep``,
-    the plan found then keeps exactly those resident copies (each parameter of ``keep``
-    resident where the plan uses it, every other one streamed), its decisions otherwise
-    the same, where that fits the budgets (:func:`_keeping`).
+    already; those named in ``in_ram`` stay in host RAM (another graph's plan, final,
+    keeps them there: ``Session.in_ram_for_good``). The native planner decides every other
+    parameter's tier: host RAM, or disk when the host budget cannot hold the weights in
+    RAM (then it plans ``split`` instead, when given). With ``decisions`` (a saved plan's),
+    those are replayed instead of searching; otherwise the plan cache's are, when it has
+    this graph's. With ``keep``, the plan found then keeps exactly those resident copies
+    (each parameter of ``keep`` resident where the plan uses it, every other one
+    streamed), its decisions otherwise the same, where that fits the budgets
+    (:func:`_keeping`). With ``lean``, it keeps none, streaming each parameter that could
+    keep a copy, where that fits: the graphs of other frames need the room
+    (``pipeline._plan``).
     """
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()
@@ -458,10 +464,10 @@ def plan_graph(
     movable = state_movable(devices)
 
     def native_graph(graph: CostGraph) -> _planner.CostGraph:
-        homes = [_home(p.fqn, on_disk) for p in graph.params]
+        homes = ["disk" if _named(p.fqn, on_disk) else "host" for p in graph.params]
         return graph.to_native(
             homes,
-            disk_allowed=[True] * len(graph.params),
+            disk_allowed=[not _named(p.fqn, in_ram) for p in graph.params],
             state_movable=movable,
             rate_classes=keys,
         )
@@ -477,6 +483,7 @@ def plan_graph(
             split.cost if split is not None else None,
             sorted(on_disk),
             native_devices,
+            sorted(in_ram),
             {
                 **_search_options(settings, host_compute),
                 "node_limit": settings.planner_node_limit,
@@ -535,7 +542,13 @@ def plan_graph(
     planned = split.cost if chose_split and split is not None else cost
     rows = split.rows if chose_split and split is not None else None
     follows = alone = None
-    if keep is not None:
+    if lean:
+        leaner = _replayed_keeping(
+            planned, native, devices, native_devices, settings, host_compute, keys, "lean"
+        )
+        if leaner is not None:
+            native = leaner
+    elif keep is not None:
         kept = _keeping(
             planned, native, devices, native_devices, settings, host_compute, keys, keep
         )
@@ -599,21 +612,17 @@ def _keeping(
         return sum(sizes[c] / rates[c[1]] for c in copies if rates.get(c[1], 0.0) > 0)
 
     def keeping(copies: frozenset[tuple[str, str]]) -> _planner.Plan | None:
-        streamed = tuple(
-            (p.fqn, names[d]) not in copies if can else was
-            for (p, d, _), was, can in zip(params, made.param_streamed, copyable, strict=True)
+        return _replayed_keeping(
+            graph,
+            native,
+            devices,
+            native_devices,
+            settings,
+            host_compute,
+            keys,
+            f"graph-{keep.graph_index}-residents",
+            copies,
         )
-        if streamed == made.param_streamed:
-            return native
-        wanted = dataclasses.replace(
-            made,
-            chosen=f"{made.chosen}+graph-{keep.graph_index}-residents",
-            param_streamed=streamed,
-        )
-        try:
-            return replay_decisions(graph, native_devices, settings, host_compute, wanted, keys)
-        except (InvalidPlacement, PlanInfeasible):
-            return None
 
     # the other graph's copies this graph could keep, the largest first
     usable = sorted((c for c in keep.copies if c in sizes), key=lambda c: (-sizes[c], c))
@@ -646,6 +655,37 @@ def _keeping(
     return kept if shared <= alone else None
 
 
+def _replayed_keeping(
+    graph: CostGraph,
+    native: _planner.Plan,
+    devices: Sequence[PlannedDevice],
+    native_devices: list[_planner.Device],
+    settings: Settings,
+    host_compute: bool,
+    keys: Sequence[RateKey],
+    label: str,
+    copies: frozenset[tuple[str, str]] = frozenset(),
+) -> _planner.Plan | None:
+    """``native`` (a plan of ``graph``) replayed with each parameter that could keep a copy
+    (used on an accelerator, or on the host with its bytes on disk) keeping one where
+    ``copies`` has it there and streaming otherwise (``label`` added to its name); ``native``
+    itself where that changes nothing, ``None`` where it does not fit the budgets."""
+    names = [d.name for d in devices]
+    made = Decisions.of(native, False)
+    params = zip(graph.params, native.param_device, native.param_home, strict=True)
+    streamed = tuple(
+        (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
+        for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+    )
+    if streamed == made.param_streamed:
+        return native
+    wanted = dataclasses.replace(made, chosen=f"{made.chosen}+{label}", param_streamed=streamed)
+    try:
+        return replay_decisions(graph, native_devices, settings, host_compute, wanted, keys)
+    except (InvalidPlacement, PlanInfeasible):
+        return None
+
+
 def state_movable(devices: Sequence[PlannedDevice] | Sequence[_planner.Device]) -> bool:
     """Whether the planner may keep the inputs a graph writes in place (a KV cache) on an
     accelerator between calls: on virtual devices, whose tensors are host tensors
@@ -666,10 +706,10 @@ def _search_options(settings: Settings, host_compute: bool) -> dict[str, object]
     }
 
 
-def _home(fqn: str, on_disk: frozenset[str]) -> str:
-    """A parameter's tier as it is now: disk for a weight released to disk (or a row chunk
-    of one, ``fqn[r0:r1]``), else host RAM."""
-    return "disk" if fqn in on_disk or fqn.split("[", 1)[0] in on_disk else "host"
+def _named(fqn: str, names: frozenset[str]) -> bool:
+    """Whether a parameter is one of the weights ``names`` names, or a row chunk of one
+    (``fqn[r0:r1]``)."""
+    return fqn in names or fqn.split("[", 1)[0] in names
 
 
 def replay_decisions(

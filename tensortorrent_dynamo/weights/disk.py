@@ -84,6 +84,17 @@ def place_on_disk(
     return locations
 
 
+def released_weights(plan: GraphPlan, weights: Sequence[Weight]) -> frozenset[str]:
+    """The weights (whole, by fqn) of ``plan``'s parameters on disk whose RAM is released:
+    the model's tensors hold no bytes (``weights[i]`` is where parameter ``i``'s come
+    from)."""
+    return frozenset(
+        w.fqn
+        for w, r in zip(weights, plan.residency, strict=True)
+        if r.on_disk and released_location(w.tensor) is not None
+    )
+
+
 def _write_and_release(
     graph_index: int, to_write: dict[str, torch.Tensor], settings: Settings
 ) -> None:

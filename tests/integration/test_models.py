@@ -371,6 +371,89 @@ def test_host_ram_keeps_the_room_an_earlier_graph_runs_in(tmp_path: Any) -> None
     _fit_beside_each_other(compiled.graphs, budget)
 
 
+class _FirstOnBothSides(torch.nn.Module):
+    """``first`` on a few rows; past a graph break (while ``deep``), ``first`` again, then
+    two more layers, on many rows (128 KiB activations)."""
+
+    deep = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second, self.third = (
+            torch.nn.Linear(256, 256, bias=False) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x[:8])
+        if self.deep:
+            torch._dynamo.graph_break()
+            x = self.third(self.second(self.first(x.repeat(16, 1))))
+        return x
+
+
+def test_a_graph_whose_ram_weights_a_later_graph_puts_on_disk_is_planned_again(
+    tmp_path: Any,
+) -> None:
+    # The first graph keeps `first` in RAM. The second, short of room, reads the weights
+    # from disk in row chunks, `first`'s too, and releases their RAM: the first graph's next
+    # call read an empty tensor (an error from deep inside torch). It is planned again
+    # before that call, reading `first` from disk too, and both graphs fit beside each other.
+    model, x = _FirstOnBothSides(), torch.randn(64, 256)
+    with torch.no_grad():
+        expected = model(x)
+    budget = 544 * 1024
+    options: dict[str, Any] = {"offload_dir": str(tmp_path), "compiler": "eager"}
+    compiled = tt.compile(model, budgets={"cpu": budget}, stream_chunk_bytes="64KiB", **options)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected)
+        first, second = compiled.graphs
+        assert not any(r.on_disk for r in first.plan.residency)
+        assert any(
+            r.reads_from_disk and p.fqn.startswith("first.weight")
+            for p, r in zip(second.plan.cost.params, second.plan.residency, strict=True)
+        )
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(compiled(x), expected)
+    assert compiled.graphs == [first, second]
+    assert all(r.reads_from_disk for r in first.plan.residency)
+    _fit_beside_each_other(compiled.graphs, budget)
+
+
+def test_weights_a_final_plan_keeps_in_ram_stay_there(tmp_path: Any) -> None:
+    # The first graph, called twice alone, can no longer be planned again: the graph
+    # compiled later must leave `first` in RAM (reading the others from disk in row
+    # chunks), where it would have released it and left the first graph an empty tensor.
+    model, x = _FirstOnBothSides(), torch.randn(64, 256)
+    with torch.no_grad():
+        deep = model(x)
+        model.deep = False
+        shallow = model(x)
+    options: dict[str, Any] = {"offload_dir": str(tmp_path), "compiler": "eager"}
+    compiled = tt.compile(model, budgets={"cpu": 800 * 1024}, stream_chunk_bytes="64KiB", **options)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), shallow)
+        torch.testing.assert_close(compiled(x), shallow)
+        model.deep = True
+        torch.testing.assert_close(compiled(x), deep)
+        model.deep = False
+        torch.testing.assert_close(compiled(x), shallow)
+    later = compiled.graphs[-1].plan
+    kept = [p.fqn for p, r in zip(later.cost.params, later.residency, strict=True) if not r.on_disk]
+    assert kept and all(fqn.startswith("first.weight") for fqn in kept)
+    assert any(r.reads_from_disk for r in later.residency)
+    # less than it then needs: the error says which weights had to stay
+    torch._dynamo.reset()
+    model.deep = False
+    compiled = tt.compile(model, budgets={"cpu": 700 * 1024}, stream_chunk_bytes="64KiB", **options)
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)
+        model.deep = True
+        with pytest.raises(tt.PlanInfeasible, match=r"It keeps 1 weights in RAM \(first.weight\)"):
+            compiled(x)
+
+
 def _fit_beside_each_other(graphs: list[Any], budget: int) -> None:
     """Whichever of two graphs runs, it runs beside what the other keeps in RAM, within
     the host budget."""

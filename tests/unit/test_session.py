@@ -7,8 +7,10 @@ import functools
 import types
 from typing import Any
 
+import pytest
 import torch
 
+from tensortorrent_dynamo.errors import StalePlanError
 from tensortorrent_dynamo.plan.planner import GraphPlan, Keep, resident_set
 from tensortorrent_dynamo.plan.residency import Residency, Tier
 from tensortorrent_dynamo.session import Session
@@ -30,7 +32,9 @@ def _plan(residency: dict[str, Residency], index: int = 0, follows: int | None =
 def _graph(frame: int | None, residency: dict[str, Residency], index: int = 0) -> Any:
     """A compiled graph as the session sees it: its frame, its plan's residencies, its
     calls so far and its hook to plan it again."""
-    return types.SimpleNamespace(frame=frame, plan=_plan(residency, index), calls=0, replan=None)
+    return types.SimpleNamespace(
+        frame=frame, plan=_plan(residency, index), calls=0, replan=None, stale=None, chunks=None
+    )
 
 
 ON_ACCELERATOR = Residency("virtual:0", streams=False, tier=Tier.HOST)
@@ -102,6 +106,58 @@ def test_resident_bytes_count_the_other_frames_copies_and_the_weights_in_ram() -
     assert session.working_room(1) == {}
     # a new graph that uses "w" counts it itself
     assert session.resident_bytes(2, exclude=frozenset({"w"})) == {"cpu": 16, "virtual:0": 16}
+
+
+def test_the_host_holds_a_disk_weight_kept_in_ram_as_the_tensor_until_it_is_released() -> None:
+    session = Session.of(parse_options())
+    graph = _graph(1, {"d": READ_ONCE, "w": ON_HOST})
+    graph.plan.cost.params[0].nbytes, graph.plan.cost.params[1].nbytes = 32, 64
+    graph.plan.devices = (types.SimpleNamespace(name="cpu"),)
+    graph.runtime = types.SimpleNamespace(owner=lambda copy: "cpu")
+    session.graphs.append(graph)
+    # "d" is the model's own tensor while no plan released it: held beside any graph
+    assert session.resident_bytes(1) == session.resident_bytes(2) == {"cpu": 96}
+    # released, the copy read from disk is held beside the graphs of other frames only
+    # (an alternative of its graph drops it when it runs)
+    session.released(5, frozenset({"d"}))
+    assert session.resident_bytes(1) == {"cpu": 64}
+    assert session.resident_bytes(2) == {"cpu": 96}
+
+
+def test_a_graph_is_stale_once_another_plan_releases_a_weight_it_reads_from_ram() -> None:
+    session = Session.of(parse_options())
+    earlier = _graph(0, {"w": ON_HOST, "d": READ_ONCE}, index=0)
+    final = _graph(1, {"v": ON_HOST}, index=1)
+    final.replan = None  # it can no longer be planned again
+    earlier.replan = object()
+    session.graphs.extend([earlier, final])
+    # the weights a new plan must leave in RAM: those of the plans that cannot change
+    assert session.in_ram_for_good() == {"v"}
+    assert session.in_ram_for_good(replacing=1) == frozenset()
+    session.released(2, frozenset({"x"}))
+    assert earlier.stale is None
+    session.released(2, frozenset({"d", "x"}))  # "d" kept in RAM as the tensor itself
+    assert earlier.stale == 2
+    earlier.stale = None
+    session.released(3, frozenset({"d"}))  # released before: nothing new
+    assert earlier.stale is None
+    session.released(0, frozenset({"w"}))  # by its own plan
+    assert earlier.stale is None
+
+
+def test_a_stale_graph_is_planned_again_before_it_runs() -> None:
+    session = Session.of(parse_options())
+    graph = _graph(0, {"w": ON_HOST})
+    session.graphs.append(graph)
+    asked: list[Any] = []
+    graph.replan = lambda g, args, keep: asked.append((g, args, keep))
+    graph.stale = 3
+    session.enter(graph, ("x",))
+    assert asked == [(graph, ("x",), None)] and graph.stale is None
+    # one that can no longer be planned again is a clear error, not an empty tensor
+    graph.replan, graph.stale, session.current = None, 3, None
+    with pytest.raises(StalePlanError, match="graph 0's plan keeps in RAM weights that graph 3"):
+        session.enter(graph, ("x",))
 
 
 def test_a_copy_goes_when_its_parameter_does() -> None:
