@@ -221,18 +221,21 @@ def _plan(
         """The plan of ``graph`` beside what the other graphs keep (``held``), leaving the
         graphs of other frames the room their runs need (``room``) beside what it keeps.
         Its own runs share that room (the graphs run one after another), so it is first
-        planned without it; where that plan keeps too much, the same plan keeping no
-        copies (streaming what it would keep); where that still keeps too much, a plan
+        planned without it; where that plan keeps too much, the faster of that plan
+        keeping no copies (streaming what it would keep: its runs keep the room) and a plan
         with the room held."""
         try:
             plan = plan_with(graph, held)
             if leaves_room(plan):
                 return plan
-            if settings.plan is None:
-                plan = plan_with(graph, held, lean=True)
-                if leaves_room(plan):
-                    return plan
-            return plan_with(graph, _per_device_sum(held, room))
+            lean = [plan_with(graph, held, lean=True)] if settings.plan is None else []
+            plans = [p for p in lean if leaves_room(p)]
+            try:
+                plans.append(plan_with(graph, _per_device_sum(held, room)))
+            except PlanInfeasible:
+                if not plans:
+                    raise
+            return min(plans, key=lambda p: p.native.predicted_time_s)
         except PlanInfeasible as exc:
             # the budget it names holds the room too: enough for the second plan
             raise _beside_other_graphs(
