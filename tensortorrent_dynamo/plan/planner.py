@@ -542,16 +542,12 @@ def plan_graph(
     planned = split.cost if chose_split and split is not None else cost
     rows = split.rows if chose_split and split is not None else None
     follows = alone = None
+    found = _Found(planned, native, devices, native_devices, settings, host_compute, keys)
     if lean:
-        leaner = _replayed_keeping(
-            planned, native, devices, native_devices, settings, host_compute, keys, "lean"
-        )
-        if leaner is not None:
-            native = leaner
+        leaner = found.keeping(frozenset(), "lean")
+        native = leaner if leaner is not None else native
     elif keep is not None:
-        kept = _keeping(
-            planned, native, devices, native_devices, settings, host_compute, keys, keep
-        )
+        kept = _keeping(found, keep)
         if kept is not None:
             follows, alone, native = keep.graph_index, native.predicted_time_s, kept
     return GraphPlan(
@@ -574,17 +570,8 @@ def plan_graph(
     )
 
 
-def _keeping(
-    graph: CostGraph,
-    native: _planner.Plan,
-    devices: Sequence[PlannedDevice],
-    native_devices: list[_planner.Device],
-    settings: Settings,
-    host_compute: bool,
-    keys: Sequence[RateKey],
-    keep: Keep,
-) -> _planner.Plan | None:
-    """``native`` (a plan of ``graph``) replayed keeping the resident copies of ``keep``:
+def _keeping(found: _Found, keep: Keep) -> _planner.Plan | None:
+    """The plan ``found`` replayed keeping the resident copies of ``keep``:
     each parameter that could keep a copy (used on an accelerator, or on the host with its
     bytes on disk) keeps one where ``keep`` has it there and streams otherwise. Where all
     of them do not fit the budgets, the most that do, dropping the largest first (the
@@ -595,7 +582,8 @@ def _keeping(
     steps), so its cost is its predicted time plus the time to make again the copies one
     of the two drops for the other (bytes over the disk's rate for copies in RAM, over the
     link's for copies on an accelerator)."""
-    names = [d.name for d in devices]
+    graph, native = found.graph, found.native
+    names = [d.name for d in found.devices]
     made = Decisions.of(native, False)
     params = list(zip(graph.params, native.param_device, native.param_home, strict=True))
     sizes = {(p.fqn, names[d]): p.nbytes for p, d, _ in params}
@@ -606,23 +594,15 @@ def _keeping(
         for (p, d, _), was, can in zip(params, made.param_streamed, copyable, strict=True)
         if can and not was
     )
-    rates = {d.name: d.disk_bytes_per_s if d.is_host else d.h2d_bytes_per_s for d in native_devices}
+    rates = {
+        d.name: d.disk_bytes_per_s if d.is_host else d.h2d_bytes_per_s for d in found.native_devices
+    }
 
     def seconds(copies: frozenset[tuple[str, str]]) -> float:
         return sum(sizes[c] / rates[c[1]] for c in copies if rates.get(c[1], 0.0) > 0)
 
     def keeping(copies: frozenset[tuple[str, str]]) -> _planner.Plan | None:
-        return _replayed_keeping(
-            graph,
-            native,
-            devices,
-            native_devices,
-            settings,
-            host_compute,
-            keys,
-            f"graph-{keep.graph_index}-residents",
-            copies,
-        )
+        return found.keeping(copies, f"graph-{keep.graph_index}-residents")
 
     # the other graph's copies this graph could keep, the largest first
     usable = sorted((c for c in keep.copies if c in sizes), key=lambda c: (-sizes[c], c))
@@ -655,35 +635,42 @@ def _keeping(
     return kept if shared <= alone else None
 
 
-def _replayed_keeping(
-    graph: CostGraph,
-    native: _planner.Plan,
-    devices: Sequence[PlannedDevice],
-    native_devices: list[_planner.Device],
-    settings: Settings,
-    host_compute: bool,
-    keys: Sequence[RateKey],
-    label: str,
-    copies: frozenset[tuple[str, str]] = frozenset(),
-) -> _planner.Plan | None:
-    """``native`` (a plan of ``graph``) replayed with each parameter that could keep a copy
-    (used on an accelerator, or on the host with its bytes on disk) keeping one where
-    ``copies`` has it there and streaming otherwise (``label`` added to its name); ``native``
-    itself where that changes nothing, ``None`` where it does not fit the budgets."""
-    names = [d.name for d in devices]
-    made = Decisions.of(native, False)
-    params = zip(graph.params, native.param_device, native.param_home, strict=True)
-    streamed = tuple(
-        (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
-        for (p, d, home), was in zip(params, made.param_streamed, strict=True)
-    )
-    if streamed == made.param_streamed:
-        return native
-    wanted = dataclasses.replace(made, chosen=f"{made.chosen}+{label}", param_streamed=streamed)
-    try:
-        return replay_decisions(graph, native_devices, settings, host_compute, wanted, keys)
-    except (InvalidPlacement, PlanInfeasible):
-        return None
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """The plan found for ``graph`` (``native``) and what it was planned with, to replay
+    it with other decisions."""
+
+    graph: CostGraph
+    native: _planner.Plan
+    devices: Sequence[PlannedDevice]
+    native_devices: list[_planner.Device]
+    settings: Settings
+    host_compute: bool
+    keys: Sequence[RateKey]
+
+    def keeping(self, copies: frozenset[tuple[str, str]], label: str) -> _planner.Plan | None:
+        """The plan replayed with each parameter that could keep a copy (used on an
+        accelerator, or on the host with its bytes on disk) keeping one where ``copies``
+        has it there and streaming otherwise (``label`` added to its name); the plan itself
+        where that changes nothing, ``None`` where it does not fit the budgets."""
+        names = [d.name for d in self.devices]
+        made = Decisions.of(self.native, False)
+        params = zip(
+            self.graph.params, self.native.param_device, self.native.param_home, strict=True
+        )
+        streamed = tuple(
+            (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
+            for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+        )
+        if streamed == made.param_streamed:
+            return self.native
+        wanted = dataclasses.replace(made, chosen=f"{made.chosen}+{label}", param_streamed=streamed)
+        try:
+            return replay_decisions(
+                self.graph, self.native_devices, self.settings, self.host_compute, wanted, self.keys
+            )
+        except (InvalidPlacement, PlanInfeasible):
+            return None
 
 
 def state_movable(devices: Sequence[PlannedDevice] | Sequence[_planner.Device]) -> bool:
