@@ -7,6 +7,7 @@ graph → chunked alternative → plan → weights → rewrite → resident copi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -221,15 +222,17 @@ def _plan(
         """The plan of ``graph`` beside what the other graphs keep (``held``), leaving the
         graphs of other frames the room their runs need (``room``) beside what it keeps.
         Its own runs share that room (the graphs run one after another), so it is first
-        planned without it; where that plan keeps too much, the faster of that plan
-        keeping no copies (streaming what it would keep: its runs keep the room) and a plan
-        with the room held."""
+        planned without it; where that plan keeps too much, the faster of a plan keeping as
+        little as it can (reading every weight from disk as it runs) and a plan with the
+        room held."""
         try:
             plan = plan_with(graph, held)
             if leaves_room(plan):
                 return plan
-            lean = [plan_with(graph, held, lean=True)] if settings.plan is None else []
-            plans = [p for p in lean if leaves_room(p)]
+            plans = []
+            if settings.plan is None:
+                with contextlib.suppress(PlanInfeasible):
+                    plans = [p for p in [plan_with(graph, held, lean=True)] if leaves_room(p)]
             try:
                 plans.append(plan_with(graph, _per_device_sum(held, room)))
             except PlanInfeasible:
@@ -301,8 +304,8 @@ def _beside_other_graphs(
             holds.append(f"need {format_bytes(room[device])} beside that to run")
         notes.append(
             f"on {device} the model's other graphs ({', '.join(map(str, holders))}) "
-            f"{' and '.join(holds)}, so it needs a budget of at least "
-            f"{format_bytes(beside[device] + need)} there"
+            f"{' and '.join(holds)}, so a budget of "
+            f"{format_bytes(beside[device] + need)} there is enough"
         )
     return PlanInfeasible(
         f"{error} Graph {index} was planned beside the weights the model's graphs planned "

@@ -459,15 +459,18 @@ class Session:
         self, graph: CompiledGraph, param: ParamRef, residency: Residency, frame: int | None
     ) -> bool:
         """Whether ``graph``'s plan holds ``param`` in host RAM beside a new graph of
-        ``frame``: a weight used from the model's tensor (its tier is RAM), or the copy in
-        RAM of one whose tier is disk, which is the model's tensor itself while no plan
-        released that to disk, and else a copy of what was read, held while ``graph`` is of
-        another frame (its alternatives' are dropped when one of them runs)."""
+        ``frame``: a weight used from the model's tensor (its tier is RAM) that no plan
+        released to disk (one that did made ``graph`` stale: planned again, it reads the
+        weight from there), or the copy in RAM of one whose tier is disk, which is the
+        model's tensor itself while no plan released that, and else a copy of what was
+        read, held while ``graph`` is of another frame (its alternatives' are dropped
+        when one of them runs)."""
+        released = whole_name(graph, param) in self.on_disk
         if not residency.on_disk:
-            return True
+            return not released
         if not (residency.keeps_copy and residency.device == "cpu"):
             return False
-        return whole_name(graph, param) not in self.on_disk or runs_beside(graph, frame)
+        return not released or runs_beside(graph, frame)
 
     def working_room(self, frame: int | None) -> dict[str, int]:
         """Per device, the most a graph of another frame than ``frame`` needs there beyond
