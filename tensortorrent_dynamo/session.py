@@ -422,11 +422,11 @@ class Session:
         exclude: frozenset[str] = frozenset(),
         everywhere: bool = False,
     ) -> dict[str, int]:
-        """Bytes held for good per device beside a new graph of ``frame``: on an
-        accelerator, the resident copies of the graphs of other frames
-        (:meth:`kept_beside`); on the host, what the plans hold in RAM
-        (:meth:`_holds_in_ram`), less the parameters named in ``exclude`` (a new graph
-        that uses them counts them itself). A model of
+        """Bytes held for good per device beside a new graph of ``frame``: the resident
+        copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
+        model's tensors the plans use in RAM (:meth:`_holds_in_ram`), less those of the
+        parameters named in ``exclude`` on the host (a new graph that uses them counts
+        them itself). A model of
         several graphs thus fits its budgets as a whole, graph by graph. Those resident
         copies on an accelerator all count, as they stay there whatever the new graph
         decides (see :func:`_share_resident`); with ``everywhere``, those named in
@@ -442,35 +442,28 @@ class Session:
         held = {name: 0 for g in self.graphs for name in (d.name for d in g.plan.devices)}
         for fqn, copy in self.resident.copies():
             device = runtime.owner(copy)
-            if device == "cpu" or (fqn, device) not in keep:
-                continue  # the plans say what the host holds, below
-            if fqn in exclude and everywhere:
+            if (fqn, device) not in keep:
+                continue
+            if fqn in exclude and (device == "cpu" or everywhere):
                 continue
             held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
         in_ram: dict[str, int] = {}
         for g in self.graphs:
             for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True):
-                if p.fqn not in exclude and self._holds_in_ram(g, p, r, frame):
+                if p.fqn not in exclude and self._holds_in_ram(g, p, r):
                     in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
         held["cpu"] = held.get("cpu", 0) + sum(in_ram.values())
         return held
 
-    def _holds_in_ram(
-        self, graph: CompiledGraph, param: ParamRef, residency: Residency, frame: int | None
-    ) -> bool:
-        """Whether ``graph``'s plan holds ``param`` in host RAM beside a new graph of
-        ``frame``: a weight used from the model's tensor (its tier is RAM) that no plan
-        released to disk (one that did made ``graph`` stale: planned again, it reads the
-        weight from there), or the copy in RAM of one whose tier is disk, which is the
-        model's tensor itself while no plan released that, and else a copy of what was
-        read, held while ``graph`` is of another frame (its alternatives' are dropped
-        when one of them runs)."""
-        released = whole_name(graph, param) in self.on_disk
-        if not residency.on_disk:
-            return not released
-        if not (residency.keeps_copy and residency.device == "cpu"):
+    def _holds_in_ram(self, graph: CompiledGraph, param: ParamRef, residency: Residency) -> bool:
+        """Whether ``graph``'s plan holds ``param`` in host RAM as the model's own tensor,
+        whatever graph runs: a weight whose tier is RAM, or one whose tier is disk that it
+        keeps in RAM, while no plan released it to disk. (A released weight's copy in RAM
+        is a resident copy, counted as such; a plan whose RAM weight another plan released
+        is stale, and is planned again reading it from disk.)"""
+        if whole_name(graph, param) in self.on_disk:
             return False
-        return not released or runs_beside(graph, frame)
+        return not residency.on_disk or (residency.keeps_copy and residency.device == "cpu")
 
     def working_room(self, frame: int | None) -> dict[str, int]:
         """Per device, the most a graph of another frame than ``frame`` needs there beyond

@@ -117,11 +117,16 @@ def test_the_host_holds_a_disk_weight_kept_in_ram_as_the_tensor_until_it_is_rele
     session.graphs.append(graph)
     # "d" is the model's own tensor while no plan released it: held beside any graph
     assert session.resident_bytes(1) == session.resident_bytes(2) == {"cpu": 96}
-    # released, the copy read from disk is held beside the graphs of other frames only
-    # (an alternative of its graph drops it when it runs)
+    # released, the copy read from disk is a resident copy, held beside the graphs of
+    # other frames only (an alternative of its graph drops it when it runs)
     session.released(5, frozenset({"d"}))
+    param = torch.zeros(8)  # 32 bytes
+    session.resident.put("d", param, "cpu", param.clone())
     assert session.resident_bytes(1) == {"cpu": 64}
     assert session.resident_bytes(2) == {"cpu": 96}
+    # a RAM weight a later plan released is no longer held: its graph is stale
+    session.released(5, frozenset({"w"}))
+    assert session.resident_bytes(2) == {"cpu": 32}
 
 
 def test_a_graph_is_stale_once_another_plan_releases_a_weight_it_reads_from_ram() -> None:
