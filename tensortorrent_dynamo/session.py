@@ -164,14 +164,20 @@ def whole_name(graph: CompiledGraph, param: ParamRef) -> str:
     return graph.chunks.parent(param) if graph.chunks is not None else param.fqn
 
 
+def uses_model_tensor(residency: Residency) -> bool:
+    """Whether a plan may use the model's own tensor of a weight in RAM: its tier is RAM
+    (kept there, or copied from there), or its tier is disk and the plan keeps it in RAM,
+    which is the model's tensor itself until a plan releases that to disk."""
+    return not residency.on_disk or (residency.keeps_copy and residency.device == "cpu")
+
+
 def weights_in_ram(graph: CompiledGraph) -> frozenset[str]:
-    """The weights (whole, by fqn) ``graph``'s plan may use from the model's tensors: those
-    whose tier is RAM (kept there, or copied from there), and those whose tier is disk it
-    keeps in RAM, which are the model's tensors themselves until a plan releases them."""
+    """The weights (whole, by fqn) ``graph``'s plan may use from the model's tensors
+    (:func:`uses_model_tensor`)."""
     return frozenset(
         whole_name(graph, p)
         for p, r in zip(graph.plan.cost.params, graph.plan.residency, strict=True)
-        if not r.on_disk or (r.keeps_copy and r.device == "cpu")
+        if uses_model_tensor(r)
     )
 
 
@@ -426,12 +432,11 @@ class Session:
         copies of the graphs of other frames (:meth:`kept_beside`) and, on the host, the
         model's tensors the plans use in RAM (:meth:`_holds_in_ram`), less those of the
         parameters named in ``exclude`` on the host (a new graph that uses them counts
-        them itself). A model of
-        several graphs thus fits its budgets as a whole, graph by graph. Those resident
-        copies on an accelerator all count, as they stay there whatever the new graph
-        decides (see :func:`_share_resident`); with ``everywhere``, those named in
-        ``exclude`` are left out there too, as if the new graph's plan were to keep the
-        same ones resident.
+        them itself). A model of several graphs thus fits its budgets as a whole, graph by
+        graph. Those resident copies on an accelerator all count, as they stay there
+        whatever the new graph decides (see :func:`_share_resident`); with ``everywhere``,
+        those named in ``exclude`` are left out there too, as if the new graph's plan were
+        to keep the same ones resident.
 
         The room the graphs of other frames need to run beside all that is
         :meth:`working_room`."""
@@ -461,9 +466,7 @@ class Session:
         keeps in RAM, while no plan released it to disk. (A released weight's copy in RAM
         is a resident copy, counted as such; a plan whose RAM weight another plan released
         is stale, and is planned again reading it from disk.)"""
-        if whole_name(graph, param) in self.on_disk:
-            return False
-        return not residency.on_disk or (residency.keeps_copy and residency.device == "cpu")
+        return uses_model_tensor(residency) and whole_name(graph, param) not in self.on_disk
 
     def working_room(self, frame: int | None) -> dict[str, int]:
         """Per device, the most a graph of another frame than ``frame`` needs there beyond
