@@ -589,8 +589,7 @@ def _keeping(found: _Found, keep: Keep) -> _planner.Plan | None:
     made = Decisions.of(native, False)
     params = list(zip(graph.params, native.param_device, native.param_home, strict=True))
     sizes = {(p.fqn, names[d]): p.nbytes for p, d, _ in params}
-    # which parameters could keep a copy (``Residency.keeps_copy`` when not streamed)
-    copyable = [names[d] != "cpu" or home == "disk" for _, d, home in params]
+    copyable = found.copyable()
     own = frozenset(  # the copies the plan keeps with a set of its own
         (p.fqn, names[d])
         for (p, d, _), was, can in zip(params, made.param_streamed, copyable, strict=True)
@@ -650,6 +649,15 @@ class _Found:
     host_compute: bool
     keys: Sequence[RateKey]
 
+    def copyable(self) -> list[bool]:
+        """Per parameter, whether the plan could keep a copy of it (``Residency.keeps_copy``
+        when not streamed): used on an accelerator, or on the host with its bytes on disk."""
+        names = [d.name for d in self.devices]
+        return [
+            names[d] != "cpu" or home == "disk"
+            for d, home in zip(self.native.param_device, self.native.param_home, strict=True)
+        ]
+
     def keeping(self, copies: frozenset[tuple[str, str]], label: str) -> _planner.Plan | None:
         """The plan replayed with each parameter that could keep a copy (used on an
         accelerator, or on the host with its bytes on disk) keeping one where ``copies``
@@ -657,12 +665,15 @@ class _Found:
         where that changes nothing, ``None`` where it does not fit the budgets."""
         names = [d.name for d in self.devices]
         made = Decisions.of(self.native, False)
-        params = zip(
-            self.graph.params, self.native.param_device, self.native.param_home, strict=True
-        )
         streamed = tuple(
-            (p.fqn, names[d]) not in copies if names[d] != "cpu" or home == "disk" else was
-            for (p, d, home), was in zip(params, made.param_streamed, strict=True)
+            (p.fqn, names[d]) not in copies if can else was
+            for p, d, can, was in zip(
+                self.graph.params,
+                self.native.param_device,
+                self.copyable(),
+                made.param_streamed,
+                strict=True,
+            )
         )
         if streamed == made.param_streamed:
             return self.native
