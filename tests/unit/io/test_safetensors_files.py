@@ -93,7 +93,32 @@ def test_every_dtype_round_trips_and_loads_with_safetensors(
         assert same_bytes(loaded[key], tensor), key
         assert same_bytes(read(reader, indexed[key]), tensor), key
         assert indexed[key].offset % tensor.element_size() == 0, "tensors start aligned"
-    assert (8 + int.from_bytes(path.read_bytes()[:8], "little")) % 8 == 0
+    assert (8 + int.from_bytes(path.read_bytes()[:8], "little")) % 64 == 0
+
+
+def test_tensors_whose_size_allows_start_where_torch_would_allocate_them(
+    tmp_path: Path, reader: DiskReader
+) -> None:
+    # odd sizes first, in model order: the writer still puts every tensor of a size that is a
+    # multiple of 64 bytes at a multiple of 64, so the buffer it is read into views it at the
+    # alignment of torch's own allocations
+    tensors = {
+        "bias": sample(torch.float32, (5,)),
+        "weight": sample(torch.float32, (16, 16), seed=1),
+        "flag": sample(torch.bool, (3,), seed=2),
+        "half": sample(torch.float16, (32, 8), seed=3),
+    }
+    path = tmp_path / "aligned.safetensors"
+    written = write_safetensors(path, tensors)
+    assert safetensors_locations(path) == written
+    loaded = safetensors.torch.load_file(path)
+    for key in ("weight", "half"):
+        assert written[key].offset % 64 == 0, key
+        result = reader.submit(written[key]).result()
+        assert result.tensor.data_ptr() % 64 == 0, key
+        assert same_bytes(result.tensor, tensors[key]), key
+        reader.pool.give(result.buffer)
+        assert same_bytes(loaded[key], tensors[key]), key
 
 
 def test_locations_of_a_file_from_safetensors_save_file(tmp_path: Path, reader: DiskReader) -> None:
