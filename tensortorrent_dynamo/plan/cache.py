@@ -1,7 +1,8 @@
 """The plan cache: a graph planned once on this machine is not searched again.
 
 Keyed by everything the planner reads (the cost graph, every device's rates and
-budget, the objective, whether the host computes, the planner's version), the
+budget, the objective, whether the host computes, the planner's version: its crate
+version and a hash of its sources, so a change to the search misses), the
 cache stores the decisions of the chosen plan; a hit rebuilds the same plan (and
 hash) with ``replay`` instead of searching. Entries live under the cache
 directory (``$TENSORTORRENT_CACHE_DIR`` or ``~/.cache/tensortorrent``) in

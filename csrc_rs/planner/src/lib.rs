@@ -64,5 +64,10 @@ pub use crate::{
     simulate::{simulate, simulate_spilled, Activity, Record, Resource, Simulation},
 };
 
-/// Version of this crate.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Version of this crate and a hash of its sources (see `build.rs`): two
+/// builds with one version plan alike, so a plan cache keys on it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "+src.",
+    env!("TENSORTORRENT_PLANNER_SOURCE")
+);

@@ -119,3 +119,45 @@ fn an_explicit_depth_gets_no_windows() {
         assert_eq!(p.prefetch_window_bytes, 0);
     }
 }
+
+/// A 16 MiB embedding then forty layers of 1 MiB weights, every weight on
+/// disk, little compute: bound by its reads.
+fn embedding_then_layers() -> CostGraph {
+    let mut b = Builder::default();
+    let mut prev = b.input(64 * 1024);
+    prev = b.node(1e6, 64 * 1024, false, &[prev]);
+    b.param(16 * MIB, &[prev]);
+    for _ in 0..40 {
+        prev = b.node(1e6, 64 * 1024, false, &[prev]);
+        b.param(MIB, &[prev]);
+    }
+    b.output(prev);
+    let g = b.build();
+    let homes = vec![Tier::Disk; g.num_params()];
+    g.with_param_home(homes).unwrap()
+}
+
+#[test]
+fn the_room_a_resident_weight_leaves_keeps_more_resident() {
+    // With everything streamed the embedding's buffer sets the peak (17 MiB
+    // with its neighbour's), which leaves 23 MiB of a 40 MiB budget for
+    // resident weights: the embedding and seven layers. Resident, the
+    // embedding needs no buffer, and the layers still read need a few MiB
+    // of buffers: the room that leaves keeps about twenty layers.
+    let g = embedding_then_layers();
+    let mut cpu = host(40 * MIB);
+    cpu.disk_bytes_per_s = 1e9;
+    let p = Planner::new(Objective::Latency).run(&g, &[cpu]).unwrap();
+    let knapsack = p
+        .candidates
+        .iter()
+        .find(|c| c.name == "all-on-cpu/knapsack")
+        .unwrap();
+    assert!(knapsack.peak_bytes[0] <= 40 * MIB);
+    assert!(!knapsack.param_streamed[0], "the embedding is resident");
+    let resident = knapsack.param_streamed.iter().filter(|&&s| !s).count();
+    assert!(
+        resident >= 19,
+        "{resident} resident: the embedding and 18 layers at least"
+    );
+}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tensortorrent_dynamo import _planner as planner
@@ -200,3 +202,12 @@ def test_a_device_s_cold_cost_is_in_its_repr_and_read_back_when_given() -> None:
     assert "cold_latency_s" not in repr(plain) and plain.cold_latency_s == 0.0
     cold = planner.Device("cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6, cold_latency_s=9.5e-6)
     assert repr(cold).endswith(", cold_latency_s=9.5e-6)") and cold.cold_latency_s == 9.5e-6
+
+
+def test_the_version_names_the_sources_so_a_cached_plan_of_another_search_misses() -> None:
+    # the plan cache keys on it: a change to the search (same crate version) must miss
+    import tensortorrent_dynamo
+
+    version = planner.version()
+    assert re.fullmatch(r"(\d+\.\d+\.\d+)\+src\.[0-9a-f]{16}", version), version
+    assert version.split("+")[0] == tensortorrent_dynamo.__version__

@@ -121,18 +121,37 @@ pub const WINDOW_PREFIX: &str = "/window-";
 
 /// Prefetch windows worth trying on device `a` for the all-streamed trial
 /// `streamed` (at depth 1): its double buffer's peak `p` widened by an
-/// eighth, a quarter, a half and the whole of its largest buffer; only those
-/// narrower than the budget, in whole KiB, ascending.
+/// eighth, a quarter, a half and the whole of its largest buffer; and two,
+/// three and four of the largest buffer of at most an eighth of the budget
+/// (`p` counts a buffer for every parameter, the largest ones too, which a
+/// tight budget keeps resident: the window the rest streams through can be
+/// far narrower); only those narrower than the budget, in whole KiB,
+/// ascending.
 fn windows(s: &Search, a: u32, streamed: &Trial) -> Vec<u64> {
     let bytes = s.g.param_bytes();
-    let on_a = streamed.seg.spans.iter().filter(|sp| sp.device == a);
-    let largest = on_a.map(|sp| bytes[sp.param as usize]).max().unwrap_or(0);
-    let peak = buffer_peak(s.g, &streamed.seg, a);
     let budget = s.devices[a as usize].budget_bytes;
-    let mut out: Vec<u64> = [8, 4, 2, 1]
+    let sizes: Vec<u64> = streamed
+        .seg
+        .spans
+        .iter()
+        .filter(|sp| sp.device == a)
+        .map(|sp| bytes[sp.param as usize])
+        .collect();
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let small = sizes.iter().copied().filter(|&b| b <= budget / 8).max();
+    let peak = buffer_peak(s.g, &streamed.seg, a);
+    let widened = [8, 4, 2, 1]
         .into_iter()
-        .map(|k| (peak + largest / k) / 1024 * 1024)
-        .filter(|&w| largest > 0 && w > peak && w < budget)
+        .map(|k| peak + largest / k)
+        .filter(|&w| largest > 0 && w > peak);
+    let narrow = small
+        .into_iter()
+        .flat_map(|b| [2, 3, 4].map(|k| k * b))
+        .filter(|&w| w < peak);
+    let mut out: Vec<u64> = widened
+        .chain(narrow)
+        .map(|w| w / 1024 * 1024)
+        .filter(|&w| w > 0 && w < budget)
         .collect();
     out.sort_unstable();
     out.dedup();

@@ -10,6 +10,10 @@
 //! the whole run and removes a buffer that lived only part of it. Segments
 //! merging can still lengthen a value's life, so the choice is simulated
 //! and, while a device overshoots, its capacity shrinks by the overshoot.
+//! The all-streamed peak counts a buffer for every parameter, the largest
+//! too: once a choice fits with those resident, the room left under the
+//! budget keeps more, by the same values, while the predicted time does not
+//! grow.
 
 use crate::graph::Tier;
 use crate::placement::{Placement, HOST};
@@ -19,6 +23,8 @@ use crate::plan::search::{Search, Trial};
 const COPY_TIME_WEIGHT: f64 = 1e-3;
 /// Rounds of shrinking the capacities of devices that overshoot.
 const ROUNDS: usize = 4;
+/// Rounds of keeping more resident in the room a fitting choice leaves.
+const FILL_ROUNDS: usize = 4;
 /// Largest item count solved exactly (on a coarsened capacity).
 const TABLE_ITEMS: usize = 512;
 /// Capacity units of the exact solution.
@@ -147,24 +153,23 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         .zip(&sim.peak_bytes)
         .map(|(d, &peak)| d.budget_bytes.saturating_sub(peak))
         .collect();
+    // A device already over budget with everything streamed must not get
+    // worse; the others must fit.
+    let limit: Vec<u64> = s
+        .devices
+        .iter()
+        .zip(&sim.peak_bytes)
+        .map(|(d, &peak)| d.budget_bytes.max(peak))
+        .collect();
+    let choice = Choice {
+        items: &items,
+        bytes,
+        value: &value,
+        spans_of: &spans_of,
+    };
+    let mut fitted = None;
     for _ in 0..ROUNDS {
-        let mut chosen = vec![0u32; g.num_params()];
-        for (d, list) in items.iter().enumerate() {
-            if list.is_empty() {
-                continue;
-            }
-            let w: Vec<u64> = list.iter().map(|&q| bytes[q as usize]).collect();
-            let v: Vec<f64> = list.iter().map(|&q| value[q as usize]).collect();
-            for (k, take) in select(&w, &v, capacity[d]).into_iter().enumerate() {
-                if take {
-                    chosen[list[k] as usize] += 1;
-                }
-            }
-        }
-        // Resident only where every device it streams to chose it.
-        let param_streamed: Vec<bool> = (0..g.num_params())
-            .map(|q| streamed.placement.param_streamed[q] && chosen[q] < spans_of[q])
-            .collect();
+        let param_streamed = choice.keep(&streamed.placement.param_streamed, &capacity);
         if param_streamed == streamed.placement.param_streamed || s.out_of_time() {
             return None;
         }
@@ -174,22 +179,100 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
             streamed.depth,
             streamed.window,
         );
-        let mut fits = true;
-        for (d, dev) in s.devices.iter().enumerate() {
-            // A device already over budget with everything streamed must
-            // not get worse; the others must fit.
-            let limit = dev.budget_bytes.max(sim.peak_bytes[d]);
-            let over = trial.sim.peak_bytes[d].saturating_sub(limit);
-            if over > 0 {
-                fits = false;
-                capacity[d] = capacity[d].saturating_sub(over);
-            }
-        }
-        if fits {
-            return Some(trial);
+        if fits(&trial, &limit, &mut capacity) {
+            fitted = Some(trial);
+            break;
         }
     }
-    None
+    let mut best = fitted?;
+    // The capacity is the budget less the all-streamed peak, which counts a
+    // buffer for every parameter; once the largest of them are resident the
+    // buffers left need less, and the room that leaves keeps more (narrowed
+    // by what a choice overshoots, while it does).
+    let mut room = room_left(&best, &limit);
+    for _ in 0..FILL_ROUNDS {
+        let param_streamed = choice.keep(&best.placement.param_streamed, &room);
+        if param_streamed == best.placement.param_streamed || s.out_of_time() {
+            break;
+        }
+        let node_device = best.placement.node_device.clone();
+        let trial = s.simulate_windowed(
+            Placement::new(g, node_device, param_streamed),
+            streamed.depth,
+            streamed.window,
+        );
+        if !fits(&trial, &limit, &mut room) {
+            continue;
+        }
+        if trial.sim.predicted_time_s > best.sim.predicted_time_s {
+            break;
+        }
+        room = room_left(&trial, &limit);
+        best = trial;
+    }
+    Some(best)
+}
+
+/// What a knapsack chooses from: each device's items (the parameters
+/// streamed to it), their bytes and values, and how many devices each
+/// parameter streams to.
+struct Choice<'a> {
+    items: &'a [Vec<u32>],
+    bytes: &'a [u64],
+    value: &'a [f64],
+    spans_of: &'a [u32],
+}
+
+impl Choice<'_> {
+    /// `param_streamed` with more parameters resident: on each device, the
+    /// best of its items still streamed that fit in its `capacity`; a
+    /// parameter is resident only where every device it streams to chose it.
+    fn keep(&self, param_streamed: &[bool], capacity: &[u64]) -> Vec<bool> {
+        let mut chosen = vec![0u32; param_streamed.len()];
+        for (d, list) in self.items.iter().enumerate() {
+            let left: Vec<u32> = list
+                .iter()
+                .copied()
+                .filter(|&q| param_streamed[q as usize])
+                .collect();
+            if left.is_empty() {
+                continue;
+            }
+            let w: Vec<u64> = left.iter().map(|&q| self.bytes[q as usize]).collect();
+            let v: Vec<f64> = left.iter().map(|&q| self.value[q as usize]).collect();
+            for (k, take) in select(&w, &v, capacity[d]).into_iter().enumerate() {
+                if take {
+                    chosen[left[k] as usize] += 1;
+                }
+            }
+        }
+        (0..param_streamed.len())
+            .map(|q| param_streamed[q] && chosen[q] < self.spans_of[q])
+            .collect()
+    }
+}
+
+/// Whether `trial` peaks within `limit` on every device; where it does not,
+/// `capacity` there shrinks by what it overshoots.
+fn fits(trial: &Trial, limit: &[u64], capacity: &mut [u64]) -> bool {
+    let mut fits = true;
+    for (d, &limit) in limit.iter().enumerate() {
+        let over = trial.sim.peak_bytes[d].saturating_sub(limit);
+        if over > 0 {
+            fits = false;
+            capacity[d] = capacity[d].saturating_sub(over);
+        }
+    }
+    fits
+}
+
+/// Bytes between `trial`'s peak and `limit` on each device.
+fn room_left(trial: &Trial, limit: &[u64]) -> Vec<u64> {
+    limit
+        .iter()
+        .zip(&trial.sim.peak_bytes)
+        .map(|(&limit, &peak)| limit.saturating_sub(peak))
+        .collect()
 }
 
 #[cfg(test)]
