@@ -51,9 +51,9 @@ Devices
   host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
 Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan a90eb4aa9f9b2446
-  candidates (searched all families: 5325 candidates simulated (53250 nodes)):
+  candidates (searched all families: 5215 candidates simulated (52150 nodes)):
     single-device: all-on-virtual:0 9.3 us (chosen) | all-on-virtual:0/streamed 9.3 us | all-on-cpu 45.5 us
-    knapsack: all-on-virtual:0/knapsack 9.3 us | all-on-virtual:0/knapsack/window-8KiB 9.3 us | all-on-virtual:0/knapsack/window-9KiB 9.3 us
+    knapsack: all-on-virtual:0/knapsack 9.3 us
   lower bound 9.0 us (busiest resource's work); predicted / bound 1.04x; busy: virtual:0 97%, cpu->virtual:0 6%, virtual:0->cpu 0%
   segment   device     compiler  nodes  FLOPs       params resident  streamed  copied in  measured
   submod_1  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  512 B      <time>

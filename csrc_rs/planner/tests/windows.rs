@@ -161,3 +161,45 @@ fn the_room_a_resident_weight_leaves_keeps_more_resident() {
         "{resident} resident: the embedding and 18 layers at least"
     );
 }
+
+#[test]
+fn a_window_too_narrow_to_issue_anything_earlier_is_not_listed_again() {
+    // Eight 16 MiB weights with 8 KiB biases, half of them in a budget of
+    // half: the narrow windows of a few biases issue every read where the
+    // double buffer does, so they are the knapsack's plan again, listed once.
+    let mut b = Builder::default();
+    let mut prev = b.input(128 * 1024);
+    for _ in 0..8 {
+        prev = b.node(1e9, 128 * 1024, false, &[prev]);
+        b.param(16 * MIB, &[prev]);
+        b.param(8 * 1024, &[prev]);
+    }
+    b.output(prev);
+    let g = b.build();
+    let homes = vec![Tier::Disk; g.num_params()];
+    let g = g.with_param_home(homes).unwrap();
+    let mut cpu = host(64 * MIB);
+    cpu.flops_per_s = 1e11;
+    cpu.disk_bytes_per_s = 1e9;
+    let planner = Planner::new(Objective::Latency);
+    let p = planner.run(&g, std::slice::from_ref(&cpu)).unwrap();
+    let windowed: Vec<_> = p
+        .candidates
+        .iter()
+        .filter(|c| c.name.contains(WINDOW_PREFIX))
+        .collect();
+    for c in windowed {
+        let plain = tensortorrent_planner::Candidate {
+            prefetch_window_bytes: 0,
+            ..c.clone()
+        };
+        let with = common::replayed_candidate(&planner, &g, std::slice::from_ref(&cpu), c);
+        let without = common::replayed_candidate(&planner, &g, std::slice::from_ref(&cpu), &plain);
+        assert_ne!(
+            with.unwrap().param_issue_segment,
+            without.unwrap().param_issue_segment,
+            "{} issues as the double buffer does",
+            c.name
+        );
+    }
+}

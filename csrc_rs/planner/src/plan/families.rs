@@ -3,7 +3,7 @@
 
 use crate::device::Device;
 use crate::graph::CostGraph;
-use crate::placement::{buffer_peak, Placement, HOST};
+use crate::placement::{buffer_peak, segment, Placement, HOST};
 use crate::plan::search::{Search, Trial};
 use crate::plan::types::Family;
 use crate::plan::{dp, knapsack, residency};
@@ -102,7 +102,9 @@ pub(crate) fn knapsack_family(s: &mut Search) {
             match knapsack::fit(s, &wide) {
                 // With nothing left streaming the window means nothing.
                 Some(trial) if trial.seg.spans.iter().any(|sp| sp.device == a) => {
-                    s.add(format!("{name}{suffix}"), Family::Knapsack, trial, false);
+                    if !same_as_listed_double_buffer(s, &trial) {
+                        s.add(format!("{name}{suffix}"), Family::Knapsack, trial, false);
+                    }
                 }
                 Some(_) => {}
                 None => {
@@ -112,6 +114,14 @@ pub(crate) fn knapsack_family(s: &mut Search) {
             }
         }
     }
+}
+
+/// Whether the windowed `trial` issues every prefetch where a double buffer
+/// would (its window holds no more than one: too narrow for what is left
+/// streaming) and that plan is listed already: the same plan, listed once.
+fn same_as_listed_double_buffer(s: &Search, trial: &Trial) -> bool {
+    let plain = segment(s.g, &trial.placement, trial.depth);
+    plain.spans == trial.seg.spans && s.find(&trial.placement, trial.depth).is_some()
 }
 
 /// Marks a candidate whose prefetches fill a window of buffers:
