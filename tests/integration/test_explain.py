@@ -51,7 +51,7 @@ Devices
   host RSS: the whole process's resident memory during the last call (sampled every 2 ms), Python and torch included; the budget and prediction cover the model's weights and activations
 
 Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan a90eb4aa9f9b2446
-  candidates (searched all families: 5215 candidates simulated (52150 nodes)):
+  candidates (searched all families: 5211 candidates simulated (52110 nodes)):
     single-device: all-on-virtual:0 9.3 us (chosen) | all-on-virtual:0/streamed 9.3 us | all-on-cpu 45.5 us
     knapsack: all-on-virtual:0/knapsack 9.3 us
   lower bound 9.0 us (busiest resource's work); predicted / bound 1.04x; busy: virtual:0 97%, cpu->virtual:0 6%, virtual:0->cpu 0%
