@@ -195,8 +195,8 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
     // buffer for every parameter; once the largest of them are resident the
     // buffers left need less, and the room that leaves keeps more (narrowed
     // by what a choice overshoots, while it does).
-    let full: Vec<u64> = limit.iter().map(|&l| l - l / FILL_MARGIN).collect();
-    let mut room = room_left(&best, &full);
+    let fill_limit: Vec<u64> = limit.iter().map(|&l| l - l / FILL_MARGIN).collect();
+    let mut room = room_left(&best, &fill_limit);
     for _ in 0..FILL_ROUNDS {
         let param_streamed = choice.keep(&best.placement.param_streamed, &room);
         if param_streamed == best.placement.param_streamed || s.out_of_time() {
@@ -208,13 +208,13 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
             streamed.depth,
             streamed.window,
         );
-        if !fits(&trial, &full, &mut room) {
+        if !fits(&trial, &fill_limit, &mut room) {
             continue;
         }
         if trial.sim.predicted_time_s > best.sim.predicted_time_s {
             break;
         }
-        room = room_left(&trial, &full);
+        room = room_left(&trial, &fill_limit);
         best = trial;
     }
     Some(best)
