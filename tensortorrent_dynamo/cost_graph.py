@@ -71,9 +71,9 @@ class CostNode:
             memory-bound, so the bytes they read and write set their time.
         out_bytes: bytes of every tensor the node returns (views included); for an operation
             that makes a new storage, that storage's bytes where they are more (``alloc_bytes``:
-            a functional ``copy`` of a strided slice keeps the slice's layout, in a storage
-            spanning its strides). A view, and a graph input (held by the caller, perhaps a
-            slice of a larger tensor), count their tensors' bytes only.
+            a functional ``copy`` into a strided slice keeps the slice's layout, in a clone of
+            the slice's whole storage, as eager runs it). A view, and a graph input (held by
+            the caller, perhaps a slice of a larger tensor), count their tensors' bytes only.
         alloc_bytes: bytes of new storage the node allocates (0 for a view).
         bytes_accessed: bytes of tensors read plus ``alloc_bytes`` written.
         last_use: index of the last node that reads the value; ``len(nodes)`` when
@@ -666,6 +666,22 @@ def _storage_bytes(tensor: torch.Tensor, sizes: Mapping[str, int] | None = None)
     return size_hint(tensor.untyped_storage().nbytes(), sizes)
 
 
+def _made_storage_bytes(
+    node: torch.fx.Node, leaf: torch.Tensor, sizes: Mapping[str, int] | None = None
+) -> int:
+    """Bytes of the storage ``leaf`` (a value ``node`` makes) has when ``node`` runs eagerly:
+    its fake tensor's, except for a functional ``copy``. Eager ``copy`` clones its
+    destination's whole storage (``clone_preserve_strides``), where the fake kernel allocates
+    only the extent of the destination's strides: DeepSeek-V3's decode step copies into a
+    slice of half a 3,584-byte storage, and ran in 3,584 bytes where 3,552 were planned."""
+    nbytes = _storage_bytes(leaf, sizes)
+    if node.target is torch.ops.aten.copy.default and isinstance(node.args[0], torch.fx.Node):
+        destination = _example(node.args[0])
+        if isinstance(destination, torch.Tensor):
+            nbytes = max(nbytes, _storage_bytes(destination, sizes))
+    return nbytes
+
+
 def param_view_nodes(gm: torch.fx.GraphModule, params: Mapping[int, str]) -> set[torch.fx.Node]:
     """The operations of ``gm`` whose value is a view of parameters (``t(weight)``): every
     tensor they return shares the storage of one of the inputs at the positions in
@@ -852,8 +868,9 @@ class _Builder:
                 continue
             keys.add(key)
             if key not in self.storages:
-                self.storages[key] = [my_id, _storage_bytes(leaf, self.sizes), []]
-                alloc += _storage_bytes(leaf, self.sizes)
+                made = _made_storage_bytes(node, leaf, self.sizes)
+                self.storages[key] = [my_id, made, []]
+                alloc += made
             self.storages[key][2].append(my_id)
         alias = self._alias(node, keys, inputs) if alloc == 0 and not is_graph_input else None
         out_bytes = 0 if my_id in self.runs_with else tensor_bytes(value, self.sizes)

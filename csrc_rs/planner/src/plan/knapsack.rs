@@ -27,9 +27,10 @@ const ROUNDS: usize = 4;
 const FILL_ROUNDS: usize = 4;
 /// The share of a device's limit the room keeps free (the room is below
 /// `limit - limit / FILL_MARGIN`). A plan filled to the byte leaves nothing
-/// for a storage the runtime makes larger than its fake tensor said: a
-/// functional `copy` in DeepSeek-V3's decode step ran in 3584 bytes, planned
-/// as 3552; the plan peaked 10 bytes under a 234 KiB budget, the run 14 over.
+/// for a storage the run makes larger than its fake tensor said: a
+/// functional `copy` in DeepSeek-V3's decode step ran in 3584 bytes where
+/// 3552 were planned (since costed as eager runs it), and its plan, 10 bytes
+/// under a 234 KiB budget, ran 14 bytes over.
 const FILL_MARGIN: u64 = 1024;
 /// Largest item count solved exactly (on a coarsened capacity).
 const TABLE_ITEMS: usize = 512;
