@@ -174,18 +174,22 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         value: &value,
         spans_of: &spans_of,
     };
+    // `streamed`'s placement, depth and window with `param_streamed` resident or not
+    let simulate = |s: &mut Search, param_streamed: Vec<bool>| {
+        let node_device = streamed.placement.node_device.clone();
+        s.simulate_windowed(
+            Placement::new(g, node_device, param_streamed),
+            streamed.depth,
+            streamed.window,
+        )
+    };
     let mut fitted = None;
     for _ in 0..ROUNDS {
         let param_streamed = choice.keep(&streamed.placement.param_streamed, &capacity);
         if param_streamed == streamed.placement.param_streamed || s.out_of_time() {
             return None;
         }
-        let node_device = streamed.placement.node_device.clone();
-        let trial = s.simulate_windowed(
-            Placement::new(g, node_device, param_streamed),
-            streamed.depth,
-            streamed.window,
-        );
+        let trial = simulate(s, param_streamed);
         if fits(&trial, &limit, &mut capacity) {
             fitted = Some(trial);
             break;
@@ -203,12 +207,7 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         if param_streamed == best.placement.param_streamed || s.out_of_time() {
             break;
         }
-        let node_device = best.placement.node_device.clone();
-        let trial = s.simulate_windowed(
-            Placement::new(g, node_device, param_streamed),
-            streamed.depth,
-            streamed.window,
-        );
+        let trial = simulate(s, param_streamed);
         if !fits(&trial, &fill_limit, &mut room) {
             continue;
         }
