@@ -5,10 +5,12 @@ wrongly while the choice "matches the optimum" of its own model. For each case, 
 compiled once (the choice), then each of the ``--candidates`` fastest feasible candidates by
 predicted time (the chosen one among them) is compiled again from a plan file holding its
 decisions (``Decisions.of_candidate``; loading a plan replays them without searching) and
-called: one untimed call, then ``--repeats`` timed calls with the page cache dropped before
-each (the weights the plan streams come from disk). The candidates run in turn, and again in
-the reverse order (``--rounds``), so that the disk's drift hits them alike; a candidate's
-figure is the median of all its calls.
+called: one untimed call, then ``--repeats`` x ``--rounds`` timed calls with the page cache
+dropped before each (the weights the plan streams come from disk). The candidates take their
+calls in turn, one call each, in the order of their predicted times and then in the reverse
+order, so that the disk's drift, which outlasts a few calls on the development machines,
+hits them alike (calls a candidate made back to back measured identical plans 1.3x apart);
+a candidate's figure is the median of all its calls.
 
 Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
 half the weights) at batch 16 (disk-bound) and 256, and 16 layers of 1024^2 at batch 4 under
@@ -144,10 +146,10 @@ def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) 
             torch.testing.assert_close(one(x), expected)  # the untimed call, checked
         compiled[c.name] = one
     times: dict[str, list[float]] = {c.name: [] for c in picked}
-    for r in range(rounds):
+    for r in range(rounds * repeats):
         order = picked if r % 2 == 0 else picked[::-1]
         for c in order:
-            times[c.name] += _timed(compiled[c.name], x, repeats)
+            times[c.name] += _timed(compiled[c.name], x, 1)
     measured = {n: statistics.median(t) for n, t in times.items()}
     fastest = min(measured, key=measured.__getitem__)
     by_predicted = [c.name for c in picked]

@@ -59,43 +59,74 @@ def rss_bytes() -> int:
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+SAMPLE_INTERVAL_S = 0.002
+"""How often :class:`RssSampler` samples the resident set size while a call runs."""
+
+
 class RssSampler:
     """The peak resident set size of this process while the block runs, sampled every
-    ``interval_s`` by a background thread (a peak shorter than that can be missed).
+    ``SAMPLE_INTERVAL_S`` (a peak shorter than that can be missed) by one thread of the
+    process's, which sleeps while no block runs.
 
-    What this thread costs and buys, measured on the 2-core development machine: starting
-    and joining it takes 185 us a call, and its wake-ups every 2 ms made eight 256x4096 by
-    4096x1024 float32 matmuls 4.5-5.8% slower and eight 16x2048 by 2048x2048 ones 4.8-9.9%
-    slower. Yet a disk plan of many small reads runs faster with it: the corpus Llama at
-    half its weights took 8-15 ms a call with it (medians of 24-48 calls, nine runs) and
-    14-18 ms with no thread alive during the call, or 15-16 ms with one shared thread
-    sampling every 10 ms and the kernel's high-water mark (tried, and reverted for this).
-    Any thread waking during the call helped (every 10 ms: 7-11 ms a call), where one
-    started and joined before the call did not; another
-    process waking every 2 ms helped as well (14 ms a call against 18 in that run), so the
+    The thread is made once: starting and joining one per call took 185 us a call on one
+    2-core development machine and 1.5-1.9 ms on another (a plan's first read issued that
+    late into a 5 ms call of the corpus Llama at half its weights), more than the call's
+    share of the work. A thread waking during the call is worth keeping, though: on the
+    first machine its wake-ups every 2 ms made eight 256x4096 by 4096x1024 float32 matmuls
+    4.5-5.8% slower and eight 16x2048 by 2048x2048 ones 4.8-9.9% slower, yet a disk plan of
+    many small reads ran faster with it: the corpus Llama at half its weights took 8-15 ms
+    a call with it (medians of 24-48 calls, nine runs) and 14-18 ms with no thread alive
+    during the call, or 15-16 ms with one thread sampling every 10 ms. Any thread waking
+    during the call helped (every 10 ms: 7-11 ms a call), where one started and joined
+    before the call did not; another process waking every 2 ms helped as well, so the
     effect is the virtual machine's, not Python's (likely its idle CPUs waking slowly to
-    the reads' hand-offs). The calling thread spinning for 2 ms before it blocks on a read
-    did not help. Measure both kinds of plan before making this thread cheaper.
+    the reads' hand-offs).
     """
 
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self.interval_s = interval_s
+    def __init__(self) -> None:
         self.peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, rss_bytes())
 
     def __enter__(self) -> RssSampler:
         self.peak = rss_bytes()
-        self._thread = threading.Thread(target=self._sample, name="tt-rss", daemon=True)
-        self._thread.start()
+        _SAMPLING.join(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join()
+        _SAMPLING.leave(self)
         self.peak = max(self.peak, rss_bytes())
+
+
+class _Sampling:
+    """The process's sampling thread and the blocks it samples for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: list[RssSampler] = []
+        self._running = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def join(self, sampler: RssSampler) -> None:
+        with self._lock:
+            self._active.append(sampler)
+            self._running.set()
+            if self._thread is None or not self._thread.is_alive():  # a fork has none
+                self._thread = threading.Thread(target=self._sample, name="tt-rss", daemon=True)
+                self._thread.start()
+
+    def leave(self, sampler: RssSampler) -> None:
+        with self._lock:
+            self._active = [s for s in self._active if s is not sampler]
+            if not self._active:
+                self._running.clear()
+
+    def _sample(self) -> None:
+        while True:
+            self._running.wait()
+            time.sleep(SAMPLE_INTERVAL_S)
+            rss = rss_bytes()
+            with self._lock:
+                for sampler in self._active:
+                    sampler.peak = max(sampler.peak, rss)
+
+
+_SAMPLING = _Sampling()
