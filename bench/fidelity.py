@@ -1,10 +1,12 @@
 """fidelity: the simulator's predictions against what the calls measured.
 
 For each case, a model is compiled by TensorTorrent and called (one warm-up call, then
-``--repeats`` timed calls, the page cache dropped before each for cases that read from
-disk); after each call its plan is compared with the call (``report.fidelity.compare``):
-the call's time, each resource's busy time (compute per device, copies per link, disk
-reads) and, on virtual devices, the peak memory. The measured figure is the median over
+``--repeats`` timed calls; for cases that read from disk, the offload directory's files are
+evicted from the page cache before each, ``offload.measure.evict_files``, and not the whole
+page cache, whose drop makes the next call fault the program's own code back in); after
+each call its plan is compared with the call (``report.fidelity.compare``): the call's
+time, each resource's busy time (compute per device, copies per link, disk reads) and, on
+virtual devices, the peak memory. The measured figure is the median over
 the timed calls; the error is (predicted - measured) / measured.
 
 Cases, of the kinds the other benches and the corpus plan:
@@ -52,7 +54,7 @@ from tensortorrent_dynamo.report.fidelity import compare, summary
 from tests.models import TransformerBlock, mlp, param_bytes
 
 from .common import write_results
-from .offload.measure import drop_page_cache
+from .offload.measure import evict_files
 
 Inputs = tuple[Any, ...]
 
@@ -83,11 +85,12 @@ def run_case(
     inputs: Inputs | dict[str, Any],
     options: dict[str, Any],
     repeats: int,
-    cold: bool,
+    cold: Path | None,
 ) -> dict[str, Any]:
     """Compile on a first call (untimed), then call ``repeats`` times; each figure's
     prediction and the median of what the calls measured. ``inputs``: positional, or
-    keyword arguments (a dict)."""
+    keyword arguments (a dict); ``cold``: the directory of the weights the plan reads, whose
+    files are evicted from the page cache before each call."""
     args, kwargs = ((), inputs) if isinstance(inputs, dict) else (inputs, {})
     torch._dynamo.reset()  # the cases share forward code: each is compiled afresh
     compiled = tt.compile(model.eval(), **options)
@@ -99,8 +102,8 @@ def run_case(
         compiled(*args, **kwargs)
         compile_s = time.perf_counter() - start
         for _ in range(repeats):
-            if cold:
-                dropped = drop_page_cache()
+            if cold is not None:
+                dropped = evict_files(cold)
             compiled(*args, **kwargs)
             for graph in compiled.graphs:
                 if graph.calls < 2:  # a graph this call did not run
@@ -123,9 +126,11 @@ def run_case(
     return {
         "first_call_s": compile_s,
         "plans": [g.plan.native.chosen for g in compiled.graphs],
-        "page_cache": ("dropped before each call" if dropped is None else dropped)
-        if cold
-        else "not dropped",
+        "page_cache": (
+            f"the files under {cold} evicted before each call" if dropped is None else dropped
+        )
+        if cold is not None
+        else "kept",
         "figures": figures,
     }
 
@@ -220,8 +225,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     cases = merge_rounds(rounds)
     results = {
         "method": (
-            "per case: tt.compile, one untimed call, then `repeats` calls (the page cache "
-            "dropped before each for disk cases); after each call the plan's predictions "
+            "per case: tt.compile, one untimed call, then `repeats` calls (for disk cases "
+            "the offload directory's files evicted from the page cache before each); after "
+            "each call the plan's predictions "
             "(the call's time, each resource's busy time from the simulated timeline, each "
             "virtual device's peak) are compared with what the call measured (its time, the "
             "union of the runtime's spans per resource, the device ledger's peak); measured "
@@ -232,7 +238,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "quick": args.quick,
         "repeats": args.repeats,
         "rounds": args.rounds,
-        "page_cache": "kept (--no-drop)" if args.no_drop else "dropped before disk cases' calls",
+        "page_cache": "kept (--no-drop)"
+        if args.no_drop
+        else "the offload directory's files evicted before disk cases' calls",
         "profile": {
             "cached": "the cached host profile",
             "start": "a short host profile measured at the start of each round",
@@ -330,7 +338,7 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
         record(
             f"host/{name}",
             lambda profile, make=make, inputs=inputs: run_case(  # type: ignore[misc]
-                make(), inputs, {"compiler": "eager", **profile}, args.repeats, cold=False
+                make(), inputs, {"compiler": "eager", **profile}, args.repeats, cold=None
             ),
         )
     if not args.quick:
@@ -338,7 +346,7 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
         record(
             "host/llama_tiny",
             lambda profile: run_case(
-                llama, llama_inputs, {"compiler": "eager", **profile}, args.repeats, cold=False
+                llama, llama_inputs, {"compiler": "eager", **profile}, args.repeats, cold=None
             ),
         )
     # after every host case: a disk tier bounds what the process's heap keeps from a call
@@ -349,6 +357,7 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
         }
         if not args.quick:
             disk["llama_tiny"] = _llama()
+        cold = None if args.no_drop else Path(offload)
         for name, (model, disk_inputs) in disk.items():
             options = {
                 "compiler": "eager",
@@ -358,7 +367,7 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
             record(
                 f"disk/{name}",
                 lambda profile, model=model, inputs=disk_inputs, options=options: run_case(  # type: ignore[misc]
-                    model, inputs, {**options, **profile}, args.repeats, cold=not args.no_drop
+                    model, inputs, {**options, **profile}, args.repeats, cold=cold
                 ),
                 disk=True,
             )
@@ -374,7 +383,7 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
                 entry.inputs(0),
                 {**corpus_options("third", built), **profile},
                 args.repeats,
-                cold=False,
+                cold=None,
             ),
         )
 
