@@ -100,6 +100,12 @@ class _Sampling:
     """The process's sampling thread and the blocks it samples for."""
 
     def __init__(self) -> None:
+        self._reset()
+        # a forked child has no sampling thread, and a lock its parent's thread may have held
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._active: list[RssSampler] = []
         self._running = threading.Event()
@@ -109,7 +115,7 @@ class _Sampling:
         with self._lock:
             self._active.append(sampler)
             self._running.set()
-            if self._thread is None or not self._thread.is_alive():  # a fork has none
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._sample, name="tt-rss", daemon=True)
                 self._thread.start()
 

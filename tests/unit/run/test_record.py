@@ -3,9 +3,11 @@ started per call."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
+import pytest
 import torch
 
 from tensortorrent_dynamo.run.record import SAMPLE_INTERVAL_S, RssSampler
@@ -39,3 +41,30 @@ def test_a_block_that_ends_leaves_the_others_sampled() -> None:
         time.sleep(10 * SAMPLE_INTERVAL_S)
         del held
     assert outer.peak >= start + 48 * 2**20, (outer.peak, start)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_samples_with_a_thread_of_its_own() -> None:
+    with RssSampler():  # the parent's thread exists, and may hold its lock at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if its own block is sampled
+            code = 1
+            try:
+                with RssSampler() as rss:
+                    # no torch op: OpenMP's threads are not forked, and a parallel op hangs
+                    held = b"\x01" * (64 * 2**20)
+                    start = rss.peak
+                    time.sleep(10 * SAMPLE_INTERVAL_S)
+                    del held
+                code = 0 if rss.peak >= start and _samplers() else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError("the forked child hung in RssSampler")
