@@ -80,7 +80,8 @@ class RssSampler:
     during the call helped (every 10 ms: 7-11 ms a call), where one started and joined
     before the call did not; another process waking every 2 ms helped as well, so the
     effect is the virtual machine's, not Python's (likely its idle CPUs waking slowly to
-    the reads' hand-offs).
+    the reads' hand-offs). The calling thread spinning for 2 ms before it blocks on a read
+    did not help.
     """
 
     def __init__(self) -> None:

@@ -47,7 +47,7 @@ def test_a_block_that_ends_leaves_the_others_sampled() -> None:
 def test_a_forked_child_samples_with_a_thread_of_its_own() -> None:
     with RssSampler():  # the parent's thread exists, and may hold its lock at the fork
         pid = os.fork()
-        if pid == 0:  # the child: exit 0 only if its own block is sampled
+        if pid == 0:  # the child: exit 0 only if a sampling thread of its own runs
             code = 1
             try:
                 with RssSampler() as rss:
