@@ -64,16 +64,13 @@ def _compile(
     return tt.compile(_meta(width, layers), example_inputs=(x,), **options)
 
 
-def _timed(compiled: tt.CompiledModule, x: torch.Tensor, repeats: int) -> list[float]:
-    """``repeats`` calls, the page cache dropped before each; seconds."""
-    times = []
+def _cold_call(compiled: tt.CompiledModule, x: torch.Tensor) -> float:
+    """Seconds of one call, the page cache dropped before it."""
+    drop_page_cache()
     with torch.no_grad():
-        for _ in range(repeats):
-            drop_page_cache()
-            start = time.perf_counter()
-            compiled(x)
-            times.append(time.perf_counter() - start)
-    return times
+        start = time.perf_counter()
+        compiled(x)
+        return time.perf_counter() - start
 
 
 PERMUTATIONS = 4000
@@ -149,7 +146,7 @@ def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) 
     for r in range(rounds * repeats):
         order = picked if r % 2 == 0 else picked[::-1]
         for c in order:
-            times[c.name] += _timed(compiled[c.name], x, 1)
+            times[c.name].append(_cold_call(compiled[c.name], x))
     measured = {n: statistics.median(t) for n, t in times.items()}
     fastest = min(measured, key=measured.__getitem__)
     by_predicted = [c.name for c in picked]
