@@ -386,6 +386,40 @@ fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
 }
 
 #[test]
+fn a_segment_issues_its_prefetches_before_waiting_for_its_own_read() {
+    // Three layers (1 s of compute each) on the host, their weights (1 MB
+    // each) on disk at 0.5 MB/s (2 s a read) with a fixed cost of 0.5 s,
+    // one segment ahead (depth 1): W0 and W1 are issued at the start, W2
+    // when L1's segment starts. As the runtime does, L1's segment issues W2
+    // once the host is free (L0 done at 3.5 s), before it waits for W1
+    // (in flight until 4.5 s): W2 queues behind W1 and hides its fixed cost.
+    let mut b = Builder::default();
+    let x = b.input(1000);
+    let l0 = b.node(1e9, 1000, false, &[x]);
+    let l1 = b.node(1e9, 1000, false, &[l0]);
+    let l2 = b.node(1e9, 1000, false, &[l1]);
+    for layer in [l0, l1, l2] {
+        b.param(1_000_000, &[layer]);
+    }
+    b.output(l2);
+    let g = b.build().with_param_home(vec![Tier::Disk; 3]).unwrap();
+    let mut devices = exact_devices();
+    devices[0].disk_bytes_per_s = 5e5;
+    devices[0].disk_latency_s = 0.5;
+    let sim = simulate(&g, &devices, &[0, 0, 0, 0], &[true; 3], 1).unwrap();
+    let mut reads = records(&sim.timeline, Activity::Param);
+    reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    let spans: Vec<(f64, f64)> = reads.iter().map(|r| (r.start_s, r.end_s)).collect();
+    assert_eq!(spans.len(), 3, "{spans:?}");
+    assert_close(spans[0].1, 2.5);
+    assert_close(spans[1].1, 4.5);
+    assert_close(spans[2].0, 4.5);
+    assert_close(spans[2].1, 6.5);
+    assert_close(node_seconds(&sim, 3), 1.0);
+    assert_close(sim.predicted_time_s, 7.5);
+}
+
+#[test]
 fn host_compute_is_slowed_only_while_reads_run() {
     // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
     // start (depth 2): the disk is busy until 2 ms. L0 starts at 1 ms, once

@@ -804,15 +804,18 @@ impl Workspace {
 
     /// When node `x` starts: once its device is free, its inputs are on its
     /// device and its segment's prefetches have arrived. The first node of
-    /// a segment issues the prefetches that segment's start issues (reads
-    /// it issues for itself, at prefetch depth 0, delay it) and records how
-    /// long the segment waited for prefetches.
+    /// a segment issues the prefetches that segment's start issues, as the
+    /// runtime does: once its device is free, before waiting for the
+    /// segment's own inputs and reads (so that a read queues behind the one
+    /// in flight; reads it issues for itself, at prefetch depth 0, delay
+    /// it), and records how long the segment waited for prefetches.
     fn node_start(&mut self, inp: Inputs, clock: &mut Clock, x: usize, first: bool) -> f64 {
         let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
         let dev = pl.node_device[x];
         let sid = seg.node_segment[x];
         let su = sid as usize;
-        let mut ready = clock.queues.free_at(Resource::Compute(dev));
+        let free = clock.queues.free_at(Resource::Compute(dev));
+        let mut ready = free;
         for &y in g.inputs(x) {
             let i = self.find(seg, y as usize, dev, sid);
             ready = ready.max(self.instances[i].ready);
@@ -823,7 +826,7 @@ impl Workspace {
             issue_prefetches(
                 inp,
                 ids,
-                start,
+                free,
                 &mut clock.mem,
                 &mut clock.queues,
                 &mut self.seg_ready,
