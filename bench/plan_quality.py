@@ -5,11 +5,13 @@ wrongly while the choice "matches the optimum" of its own model. For each case, 
 compiled once (the choice), then each of the ``--candidates`` fastest feasible candidates by
 predicted time (the chosen one among them) is compiled again from a plan file holding its
 decisions (``Decisions.of_candidate``; loading a plan replays them without searching) and
-called: one untimed call, then ``--repeats`` x ``--rounds`` timed calls with the page cache
-dropped before each (the weights the plan streams come from disk). The candidates take their
-calls in turn, one call each, in the order of their predicted times and then in the reverse
-order, so that the disk's drift, which outlasts a few calls on the development machines,
-hits them alike (calls a candidate made back to back measured identical plans 1.3x apart);
+called: one untimed call, then ``--repeats`` x ``--rounds`` timed calls with the case's
+weight files (its checkpoint and offload directory) evicted from the page cache before each
+(the weights the plan streams come from disk; the program's code stays cached). The
+candidates take their calls in turn, one call each, in the order of their predicted times
+and then in the reverse order, so that the disk's drift, which outlasts a few calls on the
+development machines, hits them alike (calls a candidate made back to back measured
+identical plans 1.3x apart);
 a candidate's figure is the median of all its calls.
 
 Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
@@ -42,7 +44,7 @@ from tensortorrent_dynamo.plan.decisions import Decisions
 from tests.models import mlp
 
 from .common import write_results
-from .offload.measure import drop_page_cache
+from .offload.measure import evict_files
 
 SEED = 0
 # name -> (width, layers, batch, the share of the weights the host budget holds)
@@ -64,9 +66,10 @@ def _compile(
     return tt.compile(_meta(width, layers), example_inputs=(x,), **options)
 
 
-def _cold_call(compiled: tt.CompiledModule, x: torch.Tensor) -> float:
-    """Seconds of one call, the page cache dropped before it."""
-    drop_page_cache()
+def _cold_call(compiled: tt.CompiledModule, x: torch.Tensor, work: Path) -> float:
+    """Seconds of one call, the case's weight files (under ``work``) evicted from the page
+    cache before it."""
+    evict_files(work)
     with torch.no_grad():
         start = time.perf_counter()
         compiled(x)
@@ -146,7 +149,7 @@ def run_case(name: str, work: Path, candidates: int, repeats: int, rounds: int) 
     for r in range(rounds * repeats):
         order = picked if r % 2 == 0 else picked[::-1]
         for c in order:
-            times[c.name].append(_cold_call(compiled[c.name], x))
+            times[c.name].append(_cold_call(compiled[c.name], x, work))
     measured = {n: statistics.median(t) for n, t in times.items()}
     fastest = min(measured, key=measured.__getitem__)
     by_predicted = [c.name for c in picked]
@@ -222,9 +225,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             "per case: tt.compile on a meta model bound to a checkpoint (the choice), then each "
             f"of the {args.candidates} fastest feasible candidates by predicted time (the "
             "chosen one among them) compiled from a plan file of its decisions and called: one "
-            f"untimed call checked against eager, then {args.repeats} timed calls with the page "
-            f"cache dropped before each, {args.rounds} rounds of the candidates in turn "
-            "(reversed every other round); a candidate's figure is the median of its calls; "
+            f"untimed call checked against eager, then {args.repeats} timed calls with the "
+            "case's weight files evicted from the page cache before each, "
+            f"{args.rounds} rounds of the candidates in turn (reversed every other round); "
+            "a candidate's figure is the median of its calls; "
             "chosen_slower_p_value: a one-sided permutation test of the chosen candidate's "
             f"calls against the fastest's ({PERMUTATIONS} relabellings, on the gap between "
             "medians), small where the chosen is slower beyond the noise of this run's calls "

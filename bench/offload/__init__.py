@@ -23,12 +23,15 @@ One run of a bench, from the parent process:
    on a shared host hits the competitors alike. Each process is fresh and builds the model on
    the meta device (parameters on ``meta``, buffers real), loads what it needs (setup
    seconds), compiles if it does (compile seconds), makes warm-up calls (excluded, their
-   count recorded), ``repeats`` timed calls with the page cache dropped before each
-   (``sync; echo 3 > /proc/sys/vm/drop_caches``: the cold figure) and ``repeats`` timed calls
-   without dropping it (the warm figure). A TensorTorrent process then times ``repeats``
-   pairs of the bytes its plan reads from disk each call read alone, by a reader with its
-   settings, and one call, the cache dropped before each (``call_over_read_alone``: the
-   call against its disk's rate seconds before it, which the run-wide bound cannot see on a
+   count recorded), ``repeats`` timed calls with the run's weight files evicted from the
+   page cache before each (every file of the work directory: the checkpoint, its shards,
+   every offload directory; ``measure.evict_files``: the cold figure; the program's own code
+   stays cached, as for a user's next call, where dropping the whole cache made each call
+   fault torch's code back in) and ``repeats`` timed calls without evicting them (the warm
+   figure). A TensorTorrent process then times ``repeats`` pairs of the bytes its plan reads
+   from disk each call read alone, by a reader with its settings, and one call, the files
+   evicted before each (``call_over_read_alone``: the call against its disk's rate seconds
+   before it, which the run-wide bound cannot see on a
    disk that drifts over minutes). An eager process on the CPU then times ``repeats``
    triples of a call alone, the checkpoint's last tensors (its bytes over the budget: what
    any plan under the budget must read each call) read alone by a reader with TensorTorrent's
@@ -37,8 +40,8 @@ One run of a bench, from the parent process:
    compute, which the lower bound below leaves out; ``over_compute_with_reads_cold`` sets
    each competitor against it). Every call's output is checked against eager's
    saved output. A competitor that fails records its error and the bench goes on (a round
-   that failed fails the competitor). Where the cache cannot be dropped (not root), the JSON
-   says ``page cache not dropped: <why>``.
+   that failed fails the competitor). Where the files cannot be evicted (no
+   ``posix_fadvise``) or ``--no-drop`` was given, the JSON says ``page cache kept: <why>``.
 4. The parent writes the JSON (``bench.common``): per regime and competitor the medians over
    every timed call of every round (cold and warm), each round's medians (``rounds``, with
    when each process started, so drift shows), setup and compile seconds as the median over
@@ -94,7 +97,7 @@ end of setup; ``peak_rss_bytes`` the process's lifetime peak (``ru_maxrss`` and 
 after resetting it through ``/proc/self/clear_refs``) and ``rss_growth_*`` each over the
 baseline. RSS counts file pages mapped into the process (``RssFile``, recorded apart), so
 a competitor that keeps a checkpoint mapped is charged for the pages it touched; note too
-that ``drop_caches`` cannot evict pages that a process keeps mapped. ``io_read_bytes`` per
+that no eviction drops pages that a process keeps mapped. ``io_read_bytes`` per
 call is the kernel's count of bytes the process fetched from storage (``/proc/self/io``), an
 independent check of each competitor's disk traffic.
 

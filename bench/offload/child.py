@@ -24,7 +24,7 @@ from .competitors import COMPETITORS, Call, Competitor, Context, Eager
 from .generation import Generate
 from .measure import (
     PeakRss,
-    drop_page_cache,
+    evict_files,
     io_read_bytes,
     param_bytes,
     proc_status,
@@ -50,18 +50,19 @@ def timed_calls(
     expected: Any,
     workload: Workload,
     count: int,
-    drop: bool,
+    cold: Path | None,
     peaks: PeakRss,
 ) -> dict[str, Any]:
-    """``count`` timed calls; with ``drop``, the page cache is dropped before each."""
+    """``count`` timed calls; with ``cold``, its files are evicted from the page cache before
+    each (``evict_files``)."""
     times: list[float] = []
     per_call: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     notes: set[str] = set()
     reset = peaks.reset()
     for _ in range(count):
-        if drop:
-            problem = drop_page_cache()
+        if cold is not None:
+            problem = evict_files(cold)
             if problem:
                 notes.add(problem)
         io_before = io_read_bytes()
@@ -84,7 +85,7 @@ def timed_calls(
         "quality": worst_quality(checks),
         "peak_rss_calls_bytes": status.get("VmHWM") if reset else None,
         "rss_after_calls": status,
-        "page_cache": sorted(notes)[0] if notes else ("dropped" if drop else "not dropped"),
+        "page_cache": sorted(notes)[0] if notes else ("evicted" if cold else "kept"),
     }
 
 
@@ -92,23 +93,24 @@ def paired_reads(
     call: Call,
     competitor: Competitor,
     count: int,
-    drop: bool,
+    cold: Path | None,
     check: Callable[[Any], dict[str, Any]],
 ) -> dict[str, Any] | None:
     """``count`` pairs, each the competitor's reader reading one call's disk bytes alone
-    (``Competitor.read_alone``) and then one call, with ``drop`` the page cache dropped
-    before each: the call's time over the disk's, both measured seconds apart, whatever the
-    disk's drift over minutes. ``None`` for a competitor with no reader of its own to ask."""
+    (``Competitor.read_alone``) and then one call, with ``cold`` its files evicted from the
+    page cache before each: the call's time over the disk's, both measured seconds apart,
+    whatever the disk's drift over minutes. ``None`` for a competitor with no reader of its
+    own to ask."""
     pairs: list[dict[str, float]] = []
     checks: list[dict[str, Any]] = []
     for _ in range(count):
-        if drop:
-            drop_page_cache()
+        if cold is not None:
+            evict_files(cold)
         alone = competitor.read_alone()
         if alone is None:
             return None
-        if drop:
-            drop_page_cache()
+        if cold is not None:
+            evict_files(cold)
         start = time.perf_counter()
         out = call()
         pairs.append({"read_alone_s": alone, "call_s": time.perf_counter() - start})
@@ -121,11 +123,11 @@ def overlap_triples(
     call: Call,
     competitor: Competitor,
     count: int,
-    drop: bool,
+    cold: Path | None,
     check: Callable[[Any], dict[str, Any]],
 ) -> dict[str, Any] | None:
-    """``count`` triples, with ``drop`` the page cache dropped before each part (the reads
-    bypass it where ``O_DIRECT`` works, in any case): one call alone, the bytes
+    """``count`` triples, with ``cold`` its files evicted from the page cache before each
+    part (the reads bypass it where ``O_DIRECT`` works, in any case): one call alone, the bytes
     a plan under the budget must stream each call read alone (``Eager.streamed_reads``), and
     both at once, every read submitted as the call starts, timed until the call and the
     reads are both done. The third is what a plan that overlapped its reads with its compute
@@ -138,16 +140,16 @@ def overlap_triples(
     triples: list[dict[str, float]] = []
     checks: list[dict[str, Any]] = []
     for _ in range(count):
-        if drop:
-            drop_page_cache()
+        if cold is not None:
+            evict_files(cold)
         start = time.perf_counter()
         checks.append(check(call()))
         call_s = time.perf_counter() - start
-        if drop:
-            drop_page_cache()
+        if cold is not None:
+            evict_files(cold)
         reads_s = read_all(reader, locations)
-        if drop:
-            drop_page_cache()
+        if cold is not None:
+            evict_files(cold)
         start = time.perf_counter()
         futures = [reader.submit(loc) for loc in locations]
         checks.append(check(call()))
@@ -184,16 +186,18 @@ def run_competitor(spec: Mapping[str, Any]) -> dict[str, Any]:
     compile_s = time.perf_counter() - start
     warm_checks = [workload.quality(call(), expected) for _ in range(spec["warmup"])]
     synchronize(ctx.device)
-    drop = bool(spec["drop_caches"])
-    cold = timed_calls(call, competitor, expected, workload, spec["repeats"], drop, peaks)
-    warm = timed_calls(call, competitor, expected, workload, spec["repeats"], False, peaks)
+    # the run's weight files (the checkpoint, its shards, every offload directory), evicted
+    # from the page cache before each cold part; None: kept (--no-drop)
+    evict = Path(spec["evict_dir"]) if spec["evict_dir"] else None
+    cold = timed_calls(call, competitor, expected, workload, spec["repeats"], evict, peaks)
+    warm = timed_calls(call, competitor, expected, workload, spec["repeats"], None, peaks)
     # the process's peak before the pairs' reads alone, which hold every read at once
     lifetime_peak = peaks.lifetime()
     paired = overlap = None
     if ctx.new_tokens is None:
         check = functools.partial(workload.quality, expected=expected)
-        paired = paired_reads(call, competitor, spec["repeats"], drop, check)
-        overlap = overlap_triples(call, competitor, spec["repeats"], drop, check)
+        paired = paired_reads(call, competitor, spec["repeats"], evict, check)
+        overlap = overlap_triples(call, competitor, spec["repeats"], evict, check)
     for phase in (cold, warm):
         peak, base = phase["peak_rss_calls_bytes"], baseline.get("VmRSS")
         phase["rss_growth_bytes"] = peak - base if peak and base else None

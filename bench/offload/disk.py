@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .measure import drop_page_cache, read_all
+from .measure import evict_files, read_all
 
 
 def measure_disk(directory: Path, mib: int) -> dict[str, Any]:
@@ -30,10 +30,10 @@ def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
     """Read the whole checkpoint cold with the project's own ``DiskReader``; bytes per second.
 
     Every tensor is submitted at once to one reader (its default threads and chunks) and all
-    are waited for. Two passes, the page cache dropped before each (unless ``drop`` is
-    false): the first allocates the buffers (``fresh``), the second reuses them from the
-    pool (``pooled``), as a reader streaming the same model call after call does. The
-    figure is the faster pass.
+    are waited for. Two passes, the checkpoint's directory evicted from the page cache
+    before each (``evict_files``; unless ``drop`` is false): the first allocates the
+    buffers (``fresh``), the second reuses them from the pool (``pooled``), as a reader
+    streaming the same model call after call does. The figure is the faster pass.
     """
     from tensortorrent_dynamo.io.pool import HostBufferPool
     from tensortorrent_dynamo.io.reader import DEFAULT_CHUNK_BYTES, DEFAULT_READ_THREADS, DiskReader
@@ -44,7 +44,9 @@ def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
         locations = list(safetensors_locations(checkpoint).values())
         pool = HostBufferPool()
         for buffers in ("fresh", "pooled"):
-            note = drop_page_cache() if drop else "page cache not dropped: --no-drop was given"
+            note = (
+                evict_files(checkpoint.parent) if drop else "page cache kept: --no-drop was given"
+            )
             with DiskReader(pool) as reader:
                 seconds = read_all(reader, locations)
                 nbytes = reader.bytes_read
@@ -87,7 +89,8 @@ def disk_figures(
         "tensortorrent_dynamo.profile.disk.DiskBench (one stream of O_DIRECT reads at the "
         "offload directory) before and after the competitors, and "
         "tensortorrent_dynamo.io.reader.DiskReader (every tensor of model.safetensors submitted "
-        "at once, its default threads, page cache dropped) at the start of every round",
+        "at once, its default threads, its directory evicted from the page cache) at the start of "
+        "every round",
         "before": before,
         "after": after,
         "reader": list(reader),

@@ -19,7 +19,6 @@ from .cgroup import CgroupUnavailable, MemoryCgroup, limited_run
 from .child import CHECKPOINT, REFERENCE, SHARD_INDEX, SHARDS
 from .competitors import COMPETITORS
 from .disk import disk_figures, measure_disk, measure_reader
-from .measure import drop_page_cache
 from .summary import summarize_regime
 
 DEFAULT_REPEATS = 3
@@ -264,9 +263,7 @@ def run_bench(
     elif mem_limit is not None:
         print(f"{name}: no memory limit: {mem_limit['skipped']}")
     disk_before = measure_disk(work / "offload", args.disk_mib or disk_mib)
-    drop_note = "page cache not dropped: --no-drop was given" if args.no_drop else None
-    if drop_note is None:
-        drop_note = drop_page_cache()
+    drop_note = "page cache kept: --no-drop was given" if args.no_drop else None
     names = list(args.competitors or (CUDA_COMPETITORS if cuda else competitors))
     regimes_run = list(setup["input_shapes"])
     plan = schedule(regimes_run, names, rounds)
@@ -302,7 +299,7 @@ def run_bench(
                 "device": device,
                 "repeats": repeats,
                 "warmup": args.warmup,
-                "drop_caches": drop_note is None,
+                "evict_dir": str(work) if drop_note is None else None,
                 "kv_cache_bytes": cache,
             }
             start_s = time.perf_counter() - started
@@ -345,8 +342,8 @@ def run_bench(
             f"each competitor and regime in its own fresh Python process, {rounds} round(s) of "
             "them, interleaved (odd rounds in the order of `schedule`, even rounds in "
             f"reverse); per process {args.warmup} warm-up call(s) excluded, then {repeats} timed "
-            f"calls with the page cache dropped before each (cold), then {repeats} without "
-            "dropping it (warm), then for a competitor with a disk reader of its own "
+            f"calls with the run's weight files evicted from the page cache before each (cold), "
+            f"then {repeats} without (warm), then for a competitor with a disk reader of its own "
             f"{repeats} pairs of its reader reading one call's disk bytes alone and a call "
             "(cold, `paired_source`), and for eager on the CPU as many triples of a call, the "
             "bytes over the budget read alone and both at once (cold, the overlap's `source`); "
@@ -373,7 +370,12 @@ def run_bench(
         "warmup": args.warmup,
         "schedule": [[f"{c}-{r}" for r, c in order] for order in plan],
         "page_cache": drop_note
-        or "dropped before each cold timed call (sync; echo 3 > /proc/sys/vm/drop_caches)",
+        or (
+            "every file of the run's work directory (the checkpoint, its shards, every "
+            "offload directory) evicted before each cold timed call (sync, then "
+            "posix_fadvise(POSIX_FADV_DONTNEED) on each: bench.offload.measure.evict_files); "
+            "the program's own code stays cached, as for a user's next call"
+        ),
         "setup": setup,
         "accelerate_checkpoint": (
             f"{SHARDS}/{SHARD_INDEX}: {setup.get('shards')} shards of at most {shard_mib} MiB"

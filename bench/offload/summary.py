@@ -188,10 +188,10 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         row.update(_paired({"pairs": pairs}))
         row["paired_source"] = (
             "after the warm calls, pairs of (the competitor's own reader reading one call's "
-            "disk bytes alone, all submitted at once) then one call, the page cache dropped "
-            "before each; call_over_read_alone is the median over pairs of the call's seconds "
-            "over the read's: how close a call comes to its disk's rate measured seconds "
-            "before it, whatever the disk's drift over minutes"
+            "disk bytes alone, all submitted at once) then one call, the run's weight files "
+            "evicted from the page cache before each; call_over_read_alone is the median "
+            "over pairs of the call's seconds over the read's: how close a call comes to its "
+            "disk's rate measured seconds before it, whatever the disk's drift over minutes"
         )
     triples = [t for r in results for t in r.get("overlap", {}).get("triples", [])]
     if triples:
@@ -203,8 +203,9 @@ def summarize_competitor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "tensors (at least its bytes over the budget, what a plan under the budget "
                 "must read each call) read alone by a DiskReader with the backend's settings, "
                 "every read verified as the backend's are, and both at once (the reads "
-                "submitted as the call starts, timed until both are done), the page cache "
-                "dropped before each where it can be; medians over every triple of every round"
+                "submitted as the call starts, timed until both are done), the run's weight "
+                "files evicted from the page cache before each where they can be; medians "
+                "over every triple of every round"
             ),
         }
     streamed, source = _streamed(results[0])
@@ -425,7 +426,7 @@ def summarize_regime(
     eager_warm_rounds = per_round("eager", "median_ms_warm")
     # Eager holds every weight in RAM: its cold and warm calls both time the compute alone,
     # and the lower of the two is the better floor (a burst of load on a shared host can
-    # slow one phase of one process, as a dropped cache can slow a cold call's code pages).
+    # slow one phase of one process).
     compute_ms = _min(eager_warm, pooled("eager", "median_ms_cold"))
     eager_cold_rounds = per_round("eager", "median_ms_cold")
     compute_rounds = {

@@ -4,6 +4,7 @@ decisions, runs it and writes valid JSON (no figure is asserted: benchmarks are 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,10 @@ def test_plan_quality_bench_runs_each_candidate_it_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(plan_quality, "CASES", {"tiny": (256, 6, 8, 0.5)})
-    monkeypatch.setattr(plan_quality, "drop_page_cache", lambda: None)
+    evicted: list[list[str]] = []  # what the directory evicted held, at each timed call
+    monkeypatch.setattr(
+        plan_quality, "evict_files", lambda work: evicted.append(sorted(os.listdir(work)))
+    )
     plan_quality.main(
         ["--candidates", "3", "--repeats", "1", "--rounds", "2", "--results", str(tmp_path)]
     )
@@ -36,6 +40,9 @@ def test_plan_quality_bench_runs_each_candidate_it_names(
     assert (p is None) == (case["chosen"] == case["fastest_measured"])
     assert p is None or 0 < p <= 1
     assert data["summary"]["cases"] == 1
+    # each timed call is cold: the directory of the case's checkpoint evicted before it
+    assert len(evicted) == 3 * 2
+    assert all("tiny.safetensors" in names for names in evicted), evicted
     assert data["summary"]["chosen_slower_beyond_noise"] in (0, 1)
 
 
