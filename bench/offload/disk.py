@@ -56,7 +56,7 @@ def measure_reader(checkpoint: Path, drop: bool) -> dict[str, Any]:
                     "bytes": nbytes,
                     "seconds": seconds,
                     "bytes_per_s": nbytes / seconds if seconds > 0 else None,
-                    "page_cache": note or "dropped",
+                    "page_cache": note or "evicted",
                 }
             )
         pool.trim()
