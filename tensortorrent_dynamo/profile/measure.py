@@ -351,6 +351,12 @@ SLOWDOWN_ROWS = 16
 small batch's, where a matmul is bound by reading its weights from memory."""
 SLOWDOWN_READS_IN_FLIGHT = 2
 """Reads kept in flight while the matmul is timed, as a double-buffered stream does."""
+SLOWDOWN_TURNS = 3
+"""Turns of the matmul alone and while reading. The first turn's reads ran slowest (a
+reader's first reads: 0.84-1.05 ms a call where the second took 0.65-0.84 on the 2-core
+development machine), and with two turns a median is their mean: 1.42-1.95x in five
+profiles in a row, once 4.9x, where the runtime's streamed MLP computed 1.21x its time
+alone. The median of three leaves one such turn out."""
 
 
 def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
@@ -363,8 +369,8 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
     times that (a weight read just before its matmul, not yet in any cache, is slower too,
     which it does not): ``matmul_rows_flops``'s matmul alone and while a
     :class:`~..io.reader.DiskReader` keeps reads of the disk bench's file in flight, each
-    read verified as the runtime's are, twice each in turn; the figure is the ratio of the
-    medians.
+    read verified as the runtime's are, ``SLOWDOWN_TURNS`` times each in turn; the figure is
+    the ratio of the medians.
     """
     path = bench.read_file()
     piece = min(bench.nbytes, DEFAULT_CHUNK_BYTES)
@@ -411,7 +417,7 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
             except BaseException as exc:  # reported by the measuring thread
                 failed.append(exc)
 
-        for _ in range(2):
+        for _ in range(SLOWDOWN_TURNS):
             alone.append(time_per_call(call, _sync(("cpu",)), budget)[0])
             stop.clear()
             streams = [
@@ -436,7 +442,7 @@ def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
             f"transposed {n}x{n} ones in turn, while a DiskReader keeps "
             f"{SLOWDOWN_READS_IN_FLIGHT} reads of {format_bytes(piece)} from {path.parent} in "
             "flight, each verified as the runtime's reads are (a checksum per block), over "
-            "that time alone (each the median of its samples; two of each, in "
+            f"that time alone (each the median of its samples; {SLOWDOWN_TURNS} of each, in "
             "turn; the ratio of their medians)"
         ),
     )
