@@ -352,11 +352,12 @@ small batch's, where a matmul is bound by reading its weights from memory."""
 SLOWDOWN_READS_IN_FLIGHT = 2
 """Reads kept in flight while the matmul is timed, as a double-buffered stream does."""
 SLOWDOWN_TURNS = 3
-"""Turns of the matmul alone and while reading. The first turn's reads ran slowest (a
-reader's first reads: 0.84-1.05 ms a call where the second took 0.65-0.84 on the 2-core
-development machine), and with two turns a median is their mean: 1.42-1.95x in five
-profiles in a row, once 4.9x, where the runtime's streamed MLP computed 1.21x its time
-alone. The median of three leaves one such turn out."""
+"""Turns of the matmul alone and while reading. A reader's first turn is often its slowest
+(on the 2-core development machine, a call took 0.54-1.05 ms in the first turn, 0.55-0.84
+in the second, five profiles in a row; once 14.2 ms against 0.72 and 0.74 after it), and
+the median of two turns is their mean: 1.42-1.95x in those five, 4.9x in one profile of
+four before them, where the runtime's streamed MLP computed 1.21x its time alone. The
+median of three leaves one such turn out (1.46-1.71x in five, the 14.2 ms one among them)."""
 
 
 def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
