@@ -290,7 +290,12 @@ impl Memory {
             .iter_mut()
             .zip(base)
             .map(|(events, &base)| {
-                events.sort_unstable_by_key(|e| (e.time_bits, e.seq));
+                // The events come mostly in time order, with a few pushed ahead of it (a
+                // prefetch's buffer at its issue time, before the wait that came first):
+                // the stable sort merges such runs in near-linear time where the unstable
+                // one sorted them whole (the planner bench's 10k-node graph: 36 against
+                // 46-54 ms a plan). Every key is distinct (`seq`), so the order is the same.
+                events.sort_by_key(|e| (e.time_bits, e.seq));
                 let mut live = base;
                 let mut peak = base;
                 for e in events.iter() {
