@@ -11,8 +11,7 @@ weight files (its checkpoint and offload directory) evicted from the page cache 
 candidates take their calls in turn, one call each, in the order of their predicted times
 and then in the reverse order, so that the disk's drift, which outlasts a few calls on the
 development machines, hits them alike (calls a candidate made back to back measured
-identical plans 1.3x apart);
-a candidate's figure is the median of all its calls.
+identical plans 1.3x apart); a candidate's figure is the median of all its calls.
 
 Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
 half the weights) at batch 16 (disk-bound) and 256, and 16 layers of 1024^2 at batch 4 under
