@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{accelerator, host, Builder, KIB, MIB};
+use common::{accelerator, host, mlp, Builder, KIB, MIB};
 use tensortorrent_planner::{
     exhaustive, simulate, Activity, CostGraph, Device, PlanError, Record, Resource, Simulation,
     Tier,
@@ -393,16 +393,9 @@ fn a_segment_issues_its_prefetches_before_waiting_for_its_own_read() {
     // when L1's segment starts. As the runtime does, L1's segment issues W2
     // once the host is free (L0 done at 3.5 s), before it waits for W1
     // (in flight until 4.5 s): W2 queues behind W1 and hides its fixed cost.
-    let mut b = Builder::default();
-    let x = b.input(1000);
-    let l0 = b.node(1e9, 1000, false, &[x]);
-    let l1 = b.node(1e9, 1000, false, &[l0]);
-    let l2 = b.node(1e9, 1000, false, &[l1]);
-    for layer in [l0, l1, l2] {
-        b.param(1_000_000, &[layer]);
-    }
-    b.output(l2);
-    let g = b.build().with_param_home(vec![Tier::Disk; 3]).unwrap();
+    let g = mlp(3, 1_000_000, 1000, 1e9, false)
+        .with_param_home(vec![Tier::Disk; 3])
+        .unwrap();
     let mut devices = exact_devices();
     devices[0].disk_bytes_per_s = 5e5;
     devices[0].disk_latency_s = 0.5;
