@@ -218,15 +218,22 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     read = [i for i in on_disk if plan.residency[i].streams]
     kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
-    rate = graph.profile.planned_disk_read_bytes_per_s
-    latency = graph.profile.planned_disk_latency_s
+    profile = graph.profile
+    rate = profile.planned_disk_read_bytes_per_s
+    latency = profile.planned_disk_latency_s
     planned = len(read) * latency + read_bytes / rate
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
-        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
+        f"{format_seconds(planned)} to read them queued, at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
+    if read:
+        fixed, idle_rate = profile.planned_disk_idle
+        lines.append(
+            f"    a read issued to an idle disk costed at {format_rate(idle_rate, 'B/s')} and "
+            f"{format_seconds(fixed)}"
+        )
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:
         lines.append(

@@ -562,6 +562,14 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.disk_latency_s);
             }
+            // hashed only where an idle read differs from a queued one
+            let idle = d.disk_idle();
+            if disk_params && idle != (d.disk_latency_s, d.disk_bytes_per_s) {
+                h.str("disk_idle");
+                h.u64(i as u64);
+                h.f64(idle.0);
+                h.f64(idle.1);
+            }
             if disk_params && d.read_slowdown > 1.0 {
                 h.str("read_slowdown");
                 h.u64(i as u64);
