@@ -91,17 +91,17 @@ class Device:
     ``mem_bytes_per_s`` (device-memory bandwidth) and ``disk_bytes_per_s`` (disk read
     rate, used on the host) default to infinity: not modelled. ``class_flops_per_s``
     holds the compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
-    class 0 and the classes it does not list run at ``flops_per_s``. A disk read queued
-    behind another takes ``disk_latency_s`` (0, the default, is not modelled) plus its bytes
-    over ``disk_bytes_per_s``; one issued while no other is in flight takes
-    ``disk_idle_latency_s`` plus its bytes over ``disk_idle_bytes_per_s`` (``None``, the
-    default: the queued read's figures; all used on the host). ``read_slowdown`` is how
-    many times longer the host's compute takes while disk reads run: the part of a node's
-    run that overlaps the reads queued so far is slowed (at least 1; 1, the default, is not
-    modelled). ``class_latency_s`` holds the fixed cost of a node of each rate class from 1
-    that calls any op, all its ops together;
-    class 0 and the classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is
-    what a segment pays the first time it runs each kind of op (``CostGraph``'s
+    class 0 and the classes it does not list run at ``flops_per_s``. ``disk_latency_s`` is
+    the fixed cost of a disk read issued while no other is in flight, beyond its bytes over
+    ``disk_idle_bytes_per_s`` (``None``, the default: ``disk_bytes_per_s``); a read queued
+    behind another runs at ``disk_bytes_per_s`` and overlaps the fixed cost with the
+    transfer before it (used on the host; 0, the default, is not modelled).
+    ``read_slowdown`` is how many times longer the host's compute takes while disk reads
+    run: the part of a node's run that overlaps the reads queued so far is slowed (at least
+    1; 1, the default, is not modelled). ``class_latency_s`` holds the fixed cost of a node
+    of each rate class from 1 that calls any op, all its ops together; class 0 and the
+    classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is what a segment
+    pays the first time it runs each kind of op (``CostGraph``'s
     ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
     """
 
@@ -123,7 +123,6 @@ class Device:
         class_latency_s: Sequence[float] = ...,
         cold_latency_s: float = ...,
         disk_idle_bytes_per_s: float | None = ...,
-        disk_idle_latency_s: float | None = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -168,16 +167,12 @@ class Device:
         host (infinite: not modelled)."""
     @property
     def disk_latency_s(self) -> float:
-        """Fixed cost in seconds of a disk read queued behind another, used on the host (0:
-        not modelled)."""
+        """Fixed cost in seconds of a disk read, less what the transfer of a read queued
+        before it hides, used on the host (0: not modelled)."""
     @property
     def disk_idle_bytes_per_s(self) -> float:
         """Disk read rate in bytes per second of a read issued to an idle disk
         (``disk_bytes_per_s`` unless given)."""
-    @property
-    def disk_idle_latency_s(self) -> float:
-        """Fixed cost in seconds of a disk read issued to an idle disk (``disk_latency_s``
-        unless given)."""
     @property
     def read_slowdown(self) -> float:
         """How many times longer the host's compute takes while disk reads run (1: not

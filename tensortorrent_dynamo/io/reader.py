@@ -59,8 +59,7 @@ MIN_REQUEST_BYTES = 2**20
 # handing its requests to the reader threads and its result back (the GIL, the wake-ups).
 # On the 2-core development machine a read through the reader on an idle disk took 0.3-0.9
 # ms beyond its bytes at the disk's rate (4 KiB to 4 MiB reads), where a raw 4 KiB read
-# took 0.04 ms. The planner costs reads with it where the profile did not time reads
-# through the reader (``HostProfile.planned_disk_latency_s``, ``profile/reads.py``).
+# took 0.04 ms. The planner costs reads with it (``HostProfile.planned_disk_latency_s``).
 # Measured instead (a verified 64 KiB read one at a time while the calling thread only waits:
 # 0.22-0.26 ms there), it predicted the corpus Llama's disk plan 60-71% faster than it ran:
 # its reads of a few KiB come while the calling thread runs many small ops, and took 0.75
@@ -161,8 +160,7 @@ class DiskReader:
     handed to the threads only once the one before was in); verified, one at a time was
     the slowest (1.8 GB/s against 2.1-2.6 queued), its checks no longer overlapping its
     reads. The profile times reads through a reader one at a time and queued, and the
-    planner costs each read by whether another is in flight when it is issued
-    (``profile/reads.py``).
+    planner costs each read at the rate of its kind (``profile/reads.py``).
     """
 
     def __init__(

@@ -383,11 +383,10 @@ def native_device_list(
     """The devices as the native planner takes them (host first), with a rate for each of
     ``cost``'s rate ``keys`` (:func:`rate_keys`); the host's compute slowed as measured
     while the disk reader streams (``disk.compute_slowdown``), which the simulator applies
-    to the part of each host node that runs while reads do; a disk read queued behind
-    another costed apart from one issued to an idle disk."""
+    to the part of each host node that runs while reads do; a disk read issued to an idle
+    disk at its own rate, apart from one queued behind another."""
     planner = native_planner()
     has_params = bool(cost.params)
-    idle = profile.planned_disk_idle
     return [
         planner.Device(
             name=d.name,
@@ -412,8 +411,11 @@ def native_device_list(
             disk_latency_s=(
                 profile.planned_disk_latency_s if d.profile.is_host and has_params else 0.0
             ),
-            disk_idle_latency_s=idle[0] if d.profile.is_host and has_params else None,
-            disk_idle_bytes_per_s=idle[1] if d.profile.is_host and has_params else None,
+            disk_idle_bytes_per_s=(
+                profile.planned_disk_idle_read_bytes_per_s
+                if d.profile.is_host and has_params
+                else None
+            ),
             read_slowdown=(
                 profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0
             ),

@@ -197,28 +197,18 @@ class HostProfile:
 
     @property
     def planned_disk_latency_s(self) -> float:
-        """The fixed cost of a disk read queued behind another that the planner uses: the
-        runtime reader's (``disk.reader_fixed``), else the disk's latency (the measured time
-        of a random 4 KiB read, else the nominal 0.1 ms): the reader's hand-offs of a queued
-        read overlap the read before it."""
-        fixed = self._disk_figure("reader_fixed")
-        if fixed is not None and self._disk_figure("reader_read"):
-            return fixed
+        """The fixed cost of a disk read that the planner uses (less what the transfer of a
+        read queued before it hides): the disk's latency (the measured time of a random 4 KiB
+        read, else the nominal 0.1 ms) plus what the reader's hand-offs cost a read
+        (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
-        return NOMINAL_DISK_LATENCY_S if measured is None else measured
+        return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
 
     @property
-    def planned_disk_idle(self) -> tuple[float, float]:
-        """The fixed cost and rate of a disk read issued to an idle disk that the planner
-        uses: the runtime reader's (``disk.reader_idle_fixed``, ``disk.reader_idle_read``),
-        else the queued read's rate and the disk's latency plus what the reader's hand-offs
-        cost a read (``io.reader.READ_HANDOFF_S``)."""
-        fixed, rate = self._disk_figure("reader_idle_fixed"), self._disk_figure("reader_idle_read")
-        if fixed is not None and rate:
-            return fixed, rate
-        measured = self.disk_latency_s
-        latency = NOMINAL_DISK_LATENCY_S if measured is None else measured
-        return latency + READ_HANDOFF_S, self.planned_disk_read_bytes_per_s
+    def planned_disk_idle_read_bytes_per_s(self) -> float:
+        """The disk read rate the planner uses for a read issued to an idle disk: the
+        runtime reader's (``disk.reader_idle_read``), else the queued read's."""
+        return self._disk_figure("reader_idle_read") or self.planned_disk_read_bytes_per_s
 
     def _disk_figure(self, key: str) -> float | None:
         """The value of the profile's ``disk.<key>``, if measured."""

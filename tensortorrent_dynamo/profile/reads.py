@@ -1,13 +1,16 @@
 """Reads through the runtime's disk reader, timed one at a time and queued.
 
-The planner costs each streamed weight's read from these figures: a read issued while no
-other is in flight (the disk idle) and one issued behind another (queued) cost differently.
-On the 2-core development machine's virtual disk, verified 16 MiB reads took 7.6 ms one at
-a time and 6.0-6.3 ms queued two or three deep (6.5 and 5.6 in another run; in a slow spell
-of the disk both 9.7-10.0 ms): a read's requests start together and finish together, and
-with no read queued behind them the disk idles while the last ones finish and the result is
-handed back. 1 MiB reads took 0.49-0.61 ms one at a time and 0.41-0.56 queued. Each kind of
-read is fitted with a line through two sizes, a fixed cost plus bytes over a rate.
+The planner costs each streamed weight's read at these rates: a read issued while no other
+is in flight (the disk idle) runs slower than one issued behind another (queued). On the
+2-core development machine's virtual disk, verified 16 MiB reads took 7.6 ms one at a time
+and 6.0-6.3 ms queued two or three deep (6.5 and 5.6 in another run; in a slow spell of the
+disk both 9.7-10.0 ms): a read's requests start together and finish together, and with no
+read queued behind them the disk idles while the last ones finish and the result is handed
+back. The rate of each kind is the slope of a line through a small and a large read (the
+bytes between them over the time between them), so that what a read costs beyond its bytes
+stays out of it: that fixed cost is not measured here, the calling thread being idle while
+it waits (a call's small ops hold the interpreter that the reader's hand-offs need; see
+``io.reader.READ_HANDOFF_S``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
-from ..io.reader import DEFAULT_CHUNK_BYTES, MIN_REQUEST_BYTES, DiskReader, ReadResult
+from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader, ReadResult
 from ..units import format_bytes, format_seconds
 from .disk import DiskBench
 from .schema import Figure
@@ -29,15 +32,17 @@ from .schema import Figure
 READ_TURNS = 3
 """Turns of each kind of read, taken in turn so that the disk's drift hits all alike; each
 figure is fitted to the medians over turns."""
+SMALL_BYTES = 64 * 2**10
+"""The small read: a few blocks, nearly all fixed cost."""
 SMALL_READS = 16
-"""Reads of the small size a turn times (16 MiB at 1 MiB)."""
+"""Reads of the small size a turn times."""
 LARGE_READS = 4
 """Reads of the large size a turn times (64 MiB at 16 MiB)."""
 QUEUED_DEPTH = 2
 """Reads in flight for the queued figures: each read is issued while the one before it is
 still in flight, as a double-buffered stream issues them (three deep ran no faster)."""
 
-FIGURES = ("reader_read", "reader_fixed", "reader_idle_read", "reader_idle_fixed")
+FIGURES = ("reader_read", "reader_idle_read")
 """The ``DiskFigures`` fields a :class:`ReadProbe` measures."""
 
 
@@ -46,8 +51,8 @@ class ReadProbe:
     the runtime verifies every read (a checksum per block, recorded at the first read of
     each as for a user's checkpoint), one at a time and ``QUEUED_DEPTH`` in flight.
 
-    :meth:`read` is the profile's step (the queued rate); :meth:`figures` gives all four
-    ``DiskFigures`` fields once it ran, or all absent with the step's note when it failed.
+    :meth:`read` is the profile's step (the queued rate); :meth:`figures` gives both
+    ``DiskFigures`` fields once it ran, or both absent with the step's note when it failed.
     """
 
     def __init__(self, bench: DiskBench) -> None:
@@ -60,17 +65,15 @@ class ReadProbe:
         return self._figures["reader_read"]
 
     def figures(self, step: Figure) -> dict[str, Figure]:
-        """The four figures, or each absent with ``step``'s note (the step failed)."""
+        """Both figures, or each absent with ``step``'s note (the step failed)."""
         if self._figures is not None:
             return self._figures
-        units = {"reader_read": "B/s", "reader_idle_read": "B/s"}
-        note = step.note or "not measured"
-        return {key: Figure.absent(units.get(key, "s"), note) for key in FIGURES}
+        return {key: Figure.absent("B/s", step.note or "not measured") for key in FIGURES}
 
     def _sizes(self) -> tuple[int, int]:
-        """The small and the large read: a 1 MiB one, and the reader's chunk or half the file
-        (the disk bench's file is a whole number of 4 MiB blocks)."""
-        return MIN_REQUEST_BYTES, min(DEFAULT_CHUNK_BYTES, self.bench.nbytes // 2)
+        """The small and the large read: ``SMALL_BYTES``, and the reader's chunk or half the
+        file (the disk bench's file is a whole number of 4 MiB blocks)."""
+        return SMALL_BYTES, min(DEFAULT_CHUNK_BYTES, self.bench.nbytes // 2)
 
     def _locations(self, size: int) -> list[TensorLocation]:
         """Guarded reads of ``size`` bytes, one at each multiple of ``size`` in the file."""
@@ -113,18 +116,22 @@ class ReadProbe:
                     while futures:
                         pool.give(futures.popleft().result().buffer)
                     times[(size, depth)].append((time.perf_counter() - start) / count)
-        reader_how = (
-            f"a DiskReader (its default threads and requests) reading {SMALL_READS} reads of "
-            f"{format_bytes(small)} and {LARGE_READS} of {format_bytes(large)} from "
-            f"{self.bench.weights_path.parent}, each verified as the runtime's reads are; "
-            f"{READ_TURNS} turns of each kind, in turn; the time of a read is the median "
-            "over turns of a turn's time over its reads, fitted with a line through the two "
-            "sizes (a fixed cost plus bytes over a rate)"
+        how = (
+            f"the slope through {format_bytes(small)} and {format_bytes(large)} reads "
+            f"({SMALL_READS} and {LARGE_READS} a turn) through a DiskReader (its default "
+            f"threads and requests) from {self.bench.weights_path.parent}, each verified as "
+            f"the runtime's reads are: the bytes between the sizes over the time between "
+            f"them, each time the median over {READ_TURNS} turns (each kind in turn) of a "
+            "turn's time over its reads"
         )
         out: dict[str, Figure] = {}
-        for prefix, depth, which in (
-            ("reader_", QUEUED_DEPTH, f"issued while another is in flight ({QUEUED_DEPTH} deep)"),
-            ("reader_idle_", 1, "issued while no other is in flight"),
+        for key, depth, which in (
+            (
+                "reader_read",
+                QUEUED_DEPTH,
+                f"issued while another is in flight ({QUEUED_DEPTH} deep)",
+            ),
+            ("reader_idle_read", 1, "issued while no other is in flight"),
         ):
             t_small = statistics.median(times[(small, depth)])
             t_large = statistics.median(times[(large, depth)])
@@ -134,18 +141,8 @@ class ReadProbe:
             )
             if t_large <= t_small:
                 note = f"the larger reads took no longer than the smaller ones ({seen})"
-                out[prefix + "read"] = Figure.absent("B/s", note)
-                out[prefix + "fixed"] = Figure.absent("s", note)
+                out[key] = Figure.absent("B/s", note)
                 continue
             rate = (large - small) / (t_large - t_small)
-            fixed = max(0.0, t_small - small / rate)
-            out[prefix + "read"] = Figure(
-                rate, "B/s", f"the rate of a read {which}: {reader_how}; {seen}"
-            )
-            out[prefix + "fixed"] = Figure(
-                fixed,
-                "s",
-                f"what a read {which} takes beyond its bytes at its rate (at least 0): "
-                f"{reader_how}; {seen}",
-            )
+            out[key] = Figure(rate, "B/s", f"the rate of a read {which}: {how}; {seen}")
         return out

@@ -92,14 +92,12 @@ def format_report(m: Measurements) -> str:
         ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],
         ["disk", "free", format_value(disk.free), disk.path or disk.free.note],
         ["disk", "reader, a read queued", format_value(disk.reader_read), disk.reader_read.note],
-        ["disk", "reader, fixed cost queued", format_value(disk.reader_fixed), ""],
         [
             "disk",
             "reader, a read to an idle disk",
             format_value(disk.reader_idle_read),
             disk.reader_idle_read.note,
         ],
-        ["disk", "reader, fixed cost idle", format_value(disk.reader_idle_fixed), ""],
         [
             "disk",
             "cpu matmul slowdown while reading",

@@ -28,9 +28,9 @@ timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are tim
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
 attention's rate is measured, ``DeviceFigures.attention``; 8: reads through the runtime's
-disk reader are timed one at a time and queued, ``DiskFigures.reader_read`` and the three
-beside it): a cached short profile of an older revision is measured again. A file without
-one is revision 1."""
+disk reader are timed one at a time and queued, ``DiskFigures.reader_read`` and
+``reader_idle_read``): a cached short profile of an older revision is measured again. A
+file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -322,26 +322,16 @@ class DiskFigures:
         default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
     )
     """The rate of a read through the runtime's disk reader issued while another is in
-    flight (queued behind it): a queued read takes ``reader_fixed`` plus its bytes over it."""
-    reader_fixed: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
-    )
-    """What a queued read through the reader takes beyond its bytes over ``reader_read``."""
+    flight (queued behind it)."""
     reader_idle_read: Figure = dataclasses.field(
         default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
     )
     """The rate of a read through the reader issued while no other is in flight."""
-    reader_idle_fixed: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
-    )
-    """What a read issued to an idle disk takes beyond its bytes over ``reader_idle_read``."""
 
     LATER_FIGURES: ClassVar[tuple[tuple[str, str], ...]] = (
         ("compute_slowdown", "x"),
         ("reader_read", "B/s"),
-        ("reader_fixed", "s"),
         ("reader_idle_read", "B/s"),
-        ("reader_idle_fixed", "s"),
     )
     """The figures (and units) added after the first: a profile written before one was
     reads it as absent (``COMPUTE_SLOWDOWN_NOTE``)."""

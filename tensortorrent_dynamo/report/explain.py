@@ -225,14 +225,14 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
-        f"{format_seconds(planned)} to read them queued, at {format_rate(rate, 'B/s')} and "
+        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
-    if read:
-        fixed, idle_rate = profile.planned_disk_idle
+    idle = profile.planned_disk_idle_read_bytes_per_s
+    if read and idle != rate:
         lines.append(
-            f"    a read issued to an idle disk costed at {format_rate(idle_rate, 'B/s')} and "
-            f"{format_seconds(fixed)}"
+            f"    a read issued to an idle disk costed at {format_rate(idle, 'B/s')} (profile "
+            "disk.reader_idle_read)"
         )
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:

@@ -30,7 +30,6 @@ impl PyDevice {
         class_latency_s = Vec::new(),
         cold_latency_s = 0.0,
         disk_idle_bytes_per_s = None,
-        disk_idle_latency_s = None,
     ))]
     fn new(
         name: String,
@@ -48,7 +47,6 @@ impl PyDevice {
         class_latency_s: Vec<f64>,
         cold_latency_s: f64,
         disk_idle_bytes_per_s: Option<f64>,
-        disk_idle_latency_s: Option<f64>,
     ) -> Self {
         Self {
             inner: Device {
@@ -66,7 +64,6 @@ impl PyDevice {
                 disk_bytes_per_s,
                 disk_latency_s,
                 disk_idle_bytes_per_s,
-                disk_idle_latency_s,
                 read_slowdown,
             },
         }
@@ -149,8 +146,8 @@ impl PyDevice {
         self.inner.disk_bytes_per_s
     }
 
-    /// Fixed cost in seconds of a disk read queued behind another, used on
-    /// the host (0: not modelled).
+    /// Fixed cost in seconds of a disk read, less what the transfer of a read
+    /// queued before it hides, used on the host (0: not modelled).
     #[getter]
     fn disk_latency_s(&self) -> f64 {
         self.inner.disk_latency_s
@@ -160,14 +157,7 @@ impl PyDevice {
     /// (`disk_bytes_per_s` unless given).
     #[getter]
     fn disk_idle_bytes_per_s(&self) -> f64 {
-        self.inner.disk_idle().1
-    }
-
-    /// Fixed cost in seconds of a disk read issued to an idle disk
-    /// (`disk_latency_s` unless given).
-    #[getter]
-    fn disk_idle_latency_s(&self) -> f64 {
-        self.inner.disk_idle().0
+        self.inner.disk_idle_bytes_per_s()
     }
 
     /// How many times longer the host's compute takes while disk reads run
@@ -182,7 +172,7 @@ impl PyDevice {
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -212,10 +202,6 @@ impl PyDevice {
             d.disk_idle_bytes_per_s.map_or(String::new(), |r| format!(
                 ", disk_idle_bytes_per_s={}",
                 float_repr(r)
-            )),
-            d.disk_idle_latency_s.map_or(String::new(), |l| format!(
-                ", disk_idle_latency_s={}",
-                float_repr(l)
             )),
         )
     }

@@ -49,19 +49,17 @@ pub struct Device {
     /// (only the host's is used: parameters whose home is disk are read into
     /// host memory). Infinite means "not modelled".
     pub disk_bytes_per_s: f64,
-    /// Fixed cost of a queued read from the disk tier, in seconds, beyond
-    /// its bytes over `disk_bytes_per_s` (what the request's latency and the
-    /// reader's hand-offs add to a read in a stream of them; only the host's
-    /// is used). 0 means "not modelled".
+    /// Fixed cost of a read from the disk tier, in seconds, beyond its bytes
+    /// over its rate (the request's latency and the reader's hand-offs; a
+    /// read queued behind another hides it behind that one's transfer, as far
+    /// as the transfer lasts; only the host's is used). 0 means "not
+    /// modelled".
     pub disk_latency_s: f64,
     /// Read rate for a read issued to an idle disk (none in flight), in
     /// bytes per second: the reader's requests for it start together and
     /// leave the disk idle as the last ones finish, with no read behind
     /// them. `None`: `disk_bytes_per_s`.
     pub disk_idle_bytes_per_s: Option<f64>,
-    /// Fixed cost of a read issued to an idle disk, in seconds, beyond its
-    /// bytes over the idle rate. `None`: `disk_latency_s`.
-    pub disk_idle_latency_s: Option<f64>,
     /// How many times longer this device's (the host's) compute takes while
     /// the disk tier reads: the part of a node's run that overlaps reads
     /// already queued runs this much slower (the reads compete with it for
@@ -97,36 +95,23 @@ impl Device {
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
             disk_idle_bytes_per_s: None,
-            disk_idle_latency_s: None,
             read_slowdown: 1.0,
         }
     }
 
     /// Seconds this device (the host) needs to read a parameter of `bytes`
-    /// from the disk tier behind another read (queued): its fixed cost plus
-    /// the bytes over the read rate.
+    /// from the disk tier when no other read is in flight: its fixed cost
+    /// plus the bytes over the idle read rate.
     #[must_use]
     pub fn disk_read_time(&self, bytes: f64) -> f64 {
-        self.disk_latency_s + bytes / self.disk_bytes_per_s
+        self.disk_latency_s + bytes / self.disk_idle_bytes_per_s()
     }
 
-    /// Seconds this device (the host) needs to read a parameter of `bytes`
-    /// from the disk tier when no other read is in flight: the idle fixed
-    /// cost plus the bytes over the idle read rate.
+    /// The read rate of a read issued to an idle disk (the queued read's
+    /// where this device gives none of its own).
     #[must_use]
-    pub fn disk_idle_read_time(&self, bytes: f64) -> f64 {
-        let (latency, rate) = self.disk_idle();
-        latency + bytes / rate
-    }
-
-    /// The fixed cost and rate of a read issued to an idle disk (the queued
-    /// read's where this device gives none of its own).
-    #[must_use]
-    pub fn disk_idle(&self) -> (f64, f64) {
-        (
-            self.disk_idle_latency_s.unwrap_or(self.disk_latency_s),
-            self.disk_idle_bytes_per_s.unwrap_or(self.disk_bytes_per_s),
-        )
+    pub fn disk_idle_bytes_per_s(&self) -> f64 {
+        self.disk_idle_bytes_per_s.unwrap_or(self.disk_bytes_per_s)
     }
 
     /// The compute rate of rate class `class` (see `class_flops_per_s`).
@@ -269,7 +254,6 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             ("latency_s", d.latency_s),
             ("cold_latency_s", d.cold_latency_s),
             ("disk_latency_s", d.disk_latency_s),
-            ("disk_idle_latency_s", d.disk_idle().0),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(invalid(format!(
@@ -283,7 +267,7 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             &[
                 ("mem_bytes_per_s", d.mem_bytes_per_s),
                 ("disk_bytes_per_s", d.disk_bytes_per_s),
-                ("disk_idle_bytes_per_s", d.disk_idle().1),
+                ("disk_idle_bytes_per_s", d.disk_idle_bytes_per_s()),
             ]
         } else {
             &[

@@ -374,16 +374,15 @@ fn host_keeps_what_fits_of_disk_parameters_and_reads_the_rest() {
 
 #[test]
 fn a_read_issued_to_an_idle_disk_costs_its_fixed_latency_too() {
-    // The same candidates replayed with a read issued to an idle disk at 10
-    // ms of fixed cost (a queued read at none): reading each weight when its
-    // segment starts (the disk idle each time) pays it on every read;
-    // prefetching queues reads behind one another, so it pays less. Idle
-    // figures equal to the queued ones plan as before.
+    // The same candidates replayed with each disk read's fixed cost at 10 ms:
+    // reading each weight when its segment starts (the disk idle each time)
+    // pays it on every read; prefetching queues reads behind one another,
+    // which overlap it, so it pays less. A latency of 0 plans as before.
     let (g, cpu) = deep_mlp_on_disk();
     let planner = Planner::new(Objective::Latency);
     let base = planner.run(&g, std::slice::from_ref(&cpu)).unwrap();
     let mut slow = cpu.clone();
-    slow.disk_idle_latency_s = Some(0.01);
+    slow.disk_latency_s = 0.01;
     let extra = |name: &str| {
         let c = base.candidates.iter().find(|c| c.name == name).unwrap();
         let again = replayed_candidate(&planner, &g, &[slow.clone()], c).unwrap();
@@ -402,14 +401,8 @@ fn a_read_issued_to_an_idle_disk_costs_its_fixed_latency_too() {
         ahead_extra > 0.0 && ahead_extra < 0.01 * ahead_reads,
         "{ahead_extra}"
     );
-    let mut same = cpu.clone();
-    (same.disk_idle_latency_s, same.disk_idle_bytes_per_s) =
-        (Some(cpu.disk_latency_s), Some(cpu.disk_bytes_per_s));
-    let again = planner.run(&g, &[same]).unwrap();
+    let again = planner.run(&g, &[cpu]).unwrap();
     assert_eq!(again.plan_hash, base.plan_hash);
-    slow.disk_idle_latency_s = Some(f64::NAN);
-    assert!(planner.run(&g, std::slice::from_ref(&slow)).is_err());
-    slow.disk_idle_latency_s = None;
     slow.disk_latency_s = f64::NAN;
     assert!(planner.run(&g, &[slow]).is_err());
 }

@@ -213,18 +213,12 @@ def test_the_version_names_the_sources_so_a_cached_plan_of_another_search_misses
     assert version.split("+")[0] == tensortorrent_dynamo.__version__
 
 
-def test_a_device_s_idle_disk_figures_default_to_its_queued_ones_and_are_in_its_repr() -> None:
-    plain = host(disk_bytes_per_s=1e9, disk_latency_s=1e-4)
-    assert (plain.disk_idle_bytes_per_s, plain.disk_idle_latency_s) == (1e9, 1e-4)
-    assert "disk_idle" not in repr(plain)
-    idle = host(
-        disk_bytes_per_s=1e9,
-        disk_latency_s=1e-4,
-        disk_idle_bytes_per_s=8e8,
-        disk_idle_latency_s=3e-4,
-    )
-    assert (idle.disk_idle_bytes_per_s, idle.disk_idle_latency_s) == (8e8, 3e-4)
-    assert repr(idle).endswith(", disk_idle_bytes_per_s=800000000.0, disk_idle_latency_s=0.0003)")
+def test_a_device_s_idle_disk_rate_defaults_to_its_queued_one_and_is_in_its_repr() -> None:
+    plain = host(disk_bytes_per_s=1e9)
+    assert plain.disk_idle_bytes_per_s == 1e9 and "disk_idle" not in repr(plain)
+    idle = host(disk_bytes_per_s=1e9, disk_idle_bytes_per_s=8e8)
+    assert idle.disk_idle_bytes_per_s == 8e8
+    assert repr(idle).endswith(", disk_idle_bytes_per_s=800000000.0)")
     graph = planner.CostGraph(
         [0.0, 1e6],
         [8, 8],
