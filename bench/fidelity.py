@@ -280,16 +280,9 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
         "cpu_memory_bytes_per_s": cpu.memory_bandwidth_bytes_per_s,
         "cpu_op_latency_s": cpu.latency_s,
         "disk_read_bytes_per_s": profile.disk_read_bytes_per_s,
-        # the rates the planner costs reads at: the reader's, queued and to an idle disk
-        "disk_planned_read_bytes_per_s": profile.planned_disk_read_bytes_per_s if disk else None,
-        "disk_planned_idle_read_bytes_per_s": (
-            profile.planned_disk_idle_read_bytes_per_s if disk else None
-        ),
     }
     disk_text = (
-        f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s (reader queued "
-        f"{profile.planned_disk_read_bytes_per_s / 1e9:.2f}, idle "
-        f"{profile.planned_disk_idle_read_bytes_per_s / 1e9:.2f})"
+        f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s"
         if figures["disk_read_bytes_per_s"]
         else ""
     )

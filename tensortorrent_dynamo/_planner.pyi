@@ -93,15 +93,13 @@ class Device:
     holds the compute rate of each rate class from 1 (class ``c`` at index ``c - 1``);
     class 0 and the classes it does not list run at ``flops_per_s``. ``disk_latency_s`` is
     the fixed cost of a disk read issued while no other is in flight, beyond its bytes over
-    ``disk_idle_bytes_per_s`` (``None``, the default: ``disk_bytes_per_s``); a read queued
-    behind another runs at ``disk_bytes_per_s`` and overlaps the fixed cost with the
-    transfer before it (used on the host; 0, the default, is not modelled).
-    ``read_slowdown`` is how many times longer the host's compute takes while disk reads
-    run: the part of a node's run that overlaps the reads queued so far is slowed (at least
-    1; 1, the default, is not modelled). ``class_latency_s`` holds the fixed cost of a node
-    of each rate class from 1 that calls any op, all its ops together; class 0 and the
-    classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is what a segment
-    pays the first time it runs each kind of op (``CostGraph``'s
+    ``disk_bytes_per_s`` (a queued read overlaps it; used on the host; 0, the default, is
+    not modelled). ``read_slowdown`` is how many times longer the host's compute takes
+    while disk reads run: the part of a node's run that overlaps the reads queued so far
+    is slowed (at least 1; 1, the default, is not modelled). ``class_latency_s`` holds the
+    fixed cost of a node of each rate class from 1 that calls any op, all its ops together;
+    class 0 and the classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is
+    what a segment pays the first time it runs each kind of op (``CostGraph``'s
     ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
     """
 
@@ -122,7 +120,6 @@ class Device:
         read_slowdown: float = ...,
         class_latency_s: Sequence[float] = ...,
         cold_latency_s: float = ...,
-        disk_idle_bytes_per_s: float | None = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -163,16 +160,11 @@ class Device:
         """Device-memory bandwidth in bytes per second (infinite: not modelled)."""
     @property
     def disk_bytes_per_s(self) -> float:
-        """Disk read rate in bytes per second of a read queued behind another, used on the
-        host (infinite: not modelled)."""
+        """Disk read rate in bytes per second, used on the host (infinite: not modelled)."""
     @property
     def disk_latency_s(self) -> float:
         """Fixed cost in seconds of a disk read, less what the transfer of a read queued
         before it hides, used on the host (0: not modelled)."""
-    @property
-    def disk_idle_bytes_per_s(self) -> float:
-        """Disk read rate in bytes per second of a read issued to an idle disk
-        (``disk_bytes_per_s`` unless given)."""
     @property
     def read_slowdown(self) -> float:
         """How many times longer the host's compute takes while disk reads run (1: not

@@ -159,8 +159,8 @@ class DiskReader:
     or fifteen queued (at 1, 2 or 4 threads alike, and alike when each read's requests were
     handed to the threads only once the one before was in); verified, one at a time was
     the slowest (1.8 GB/s against 2.1-2.6 queued), its checks no longer overlapping its
-    reads. The profile times reads through a reader one at a time and queued, and the
-    planner costs each read at the rate of its kind (``profile/reads.py``).
+    reads. The planner keeps one rate (a model of the slowdown, fitted by the profile,
+    measured no slowdown with the checks on and was not kept).
     """
 
     def __init__(

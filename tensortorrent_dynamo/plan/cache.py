@@ -55,7 +55,6 @@ def key(
                 d.mem_bytes_per_s,
                 d.disk_bytes_per_s,
                 d.disk_latency_s,
-                d.disk_idle_bytes_per_s,
                 d.read_slowdown,
                 d.cold_latency_s,
                 list(d.class_flops_per_s),

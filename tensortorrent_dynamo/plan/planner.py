@@ -383,8 +383,7 @@ def native_device_list(
     """The devices as the native planner takes them (host first), with a rate for each of
     ``cost``'s rate ``keys`` (:func:`rate_keys`); the host's compute slowed as measured
     while the disk reader streams (``disk.compute_slowdown``), which the simulator applies
-    to the part of each host node that runs while reads do; a disk read issued to an idle
-    disk at its own rate, apart from one queued behind another."""
+    to the part of each host node that runs while reads do."""
     planner = native_planner()
     has_params = bool(cost.params)
     return [
@@ -410,11 +409,6 @@ def native_device_list(
             ),
             disk_latency_s=(
                 profile.planned_disk_latency_s if d.profile.is_host and has_params else 0.0
-            ),
-            disk_idle_bytes_per_s=(
-                profile.planned_disk_idle_read_bytes_per_s
-                if d.profile.is_host and has_params
-                else None
             ),
             read_slowdown=(
                 profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0

@@ -168,14 +168,8 @@ class HostProfile:
 
     @property
     def planned_disk_read_bytes_per_s(self) -> float:
-        """The disk read rate the planner uses for a read queued behind another: the runtime
-        reader's (``disk.reader_read``), else the disk's sequential rate, else the nominal
-        1 GB/s."""
-        return (
-            self._disk_figure("reader_read")
-            or self.disk_read_bytes_per_s
-            or NOMINAL_DISK_READ_BYTES_PER_S
-        )
+        """The disk read rate the planner uses: measured, else the nominal 1 GB/s."""
+        return self.disk_read_bytes_per_s or NOMINAL_DISK_READ_BYTES_PER_S
 
     @property
     def disk_write_bytes_per_s(self) -> float | None:
@@ -203,19 +197,6 @@ class HostProfile:
         (``io.reader.READ_HANDOFF_S``)."""
         measured = self.disk_latency_s
         return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
-
-    @property
-    def planned_disk_idle_read_bytes_per_s(self) -> float:
-        """The disk read rate the planner uses for a read issued to an idle disk: the
-        runtime reader's (``disk.reader_idle_read``), else the queued read's."""
-        return self._disk_figure("reader_idle_read") or self.planned_disk_read_bytes_per_s
-
-    def _disk_figure(self, key: str) -> float | None:
-        """The value of the profile's ``disk.<key>``, if measured."""
-        if self.measurements is None:
-            return None
-        value: float | None = getattr(self.measurements.disk, key).value
-        return value
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

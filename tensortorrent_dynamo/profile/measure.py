@@ -28,7 +28,6 @@ from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
-from .reads import ReadProbe
 from .schema import (
     WIDE_ROWS_N,
     DeviceFigures,
@@ -718,15 +717,14 @@ def _plan_links(cuda: list[str], mode: Mode) -> tuple[list[_Step], list[LinkFigu
 
 def _plan_disk(
     offload_dir: Path | None, mode: Mode
-) -> tuple[DiskBench | None, ReadProbe | None, list[_Step], DiskFigures | None]:
-    """The disk bench, its reader's probe and their steps, or the absent disk section saying
-    why there is none."""
+) -> tuple[DiskBench | None, list[_Step], DiskFigures | None]:
+    """The disk bench and its steps, or the absent disk section saying why there is none."""
     budget = BUDGETS[mode]
     if offload_dir is None:
-        return None, None, [], DiskFigures.absent("no offload directory was given")
+        return None, [], DiskFigures.absent("no offload directory was given")
     problem = writable_problem(offload_dir)
     if problem:
-        return None, None, [], DiskFigures.absent(problem, str(offload_dir))
+        return None, [], DiskFigures.absent(problem, str(offload_dir))
     try:
         bench = DiskBench(
             offload_dir,
@@ -737,22 +735,20 @@ def _plan_disk(
         )
     except OSError as exc:
         reason = f"cannot measure the disk at {offload_dir} ({exc.strerror or exc})"
-        return None, None, [], DiskFigures.absent(reason, str(offload_dir))
+        return None, [], DiskFigures.absent(reason, str(offload_dir))
     if bench.nbytes == 0:
         bench.close()
         reason = f"only {format_bytes(bench.free)} free at {offload_dir}"
-        return None, None, [], DiskFigures.absent(reason, str(offload_dir))
+        return None, [], DiskFigures.absent(reason, str(offload_dir))
     # The write step creates the file that the read and latency steps use.
     slowdown = functools.partial(compute_slowdown, bench, budget)
-    probe = ReadProbe(bench)
     steps = [
         _Step(("disk", "write"), f"disk write at {offload_dir}", "B/s", bench.write),
         _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
-        _Step(("disk", "reader"), "disk reads one at a time and queued", "B/s", probe.read),
         _Step(("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", slowdown),
     ]
-    return bench, probe, steps, None
+    return bench, steps, None
 
 
 def _run(step: _Step) -> Figure:
@@ -880,7 +876,7 @@ def measure_host(
         probes[dev] = OpProbe(dev, budget)
         steps.append(_Step(("latency", dev), f"{dev} op latency", "s", probes[dev].latency))
     link_steps, absent_links = _plan_links(cuda, mode)
-    bench, probe, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
+    bench, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
     # The disk goes first: measured after the CPU steps, its reads came out up to twice as
     # fast as an independent reader's on a virtual machine.
     steps = disk_steps + steps + link_steps
@@ -900,7 +896,7 @@ def measure_host(
     if progress:
         progress(len(steps), len(steps), "done")
     links = [LinkFigure(s.key[1], s.key[2], s.key[3], results[s.key]) for s in link_steps]
-    if bench and probe:
+    if bench:
         disk = DiskFigures(
             path=str(offload_dir),
             free=bench.free_figure(),
@@ -908,7 +904,6 @@ def measure_host(
             write=results[("disk", "write")],
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
-            **probe.figures(results[("disk", "reader")]),
         )
     else:
         assert absent_disk is not None

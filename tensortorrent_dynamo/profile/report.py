@@ -91,13 +91,6 @@ def format_report(m: Measurements) -> str:
         ["disk", "read", format_value(disk.read), _disk_how(disk.read)],
         ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],
         ["disk", "free", format_value(disk.free), disk.path or disk.free.note],
-        ["disk", "reader, a read queued", format_value(disk.reader_read), disk.reader_read.note],
-        [
-            "disk",
-            "reader, a read to an idle disk",
-            format_value(disk.reader_idle_read),
-            disk.reader_idle_read.note,
-        ],
         [
             "disk",
             "cpu matmul slowdown while reading",

@@ -11,13 +11,13 @@ import datetime
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 8
+METHODS_REVISION = 7
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -27,10 +27,8 @@ embeds tokens and runs norms and activations as models' graphs do, and each of i
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
-attention's rate is measured, ``DeviceFigures.attention``; 8: reads through the runtime's
-disk reader are timed one at a time and queued, ``DiskFigures.reader_read`` and
-``reader_idle_read``): a cached short profile of an older revision is measured again. A
-file without one is revision 1."""
+attention's rate is measured, ``DeviceFigures.attention``): a cached short profile of an
+older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -61,8 +59,7 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown`` (or another figure added since the disk's
-first, ``DiskFigures.LATER_FIGURES``): it was measured before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``: it was measured before the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,23 +315,6 @@ class DiskFigures:
     )
     """How many times longer the host's few-row matmul takes while the disk reader streams
     weights (unit ``x``; at least 1 but for noise)."""
-    reader_read: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
-    )
-    """The rate of a read through the runtime's disk reader issued while another is in
-    flight (queued behind it)."""
-    reader_idle_read: Figure = dataclasses.field(
-        default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
-    )
-    """The rate of a read through the reader issued while no other is in flight."""
-
-    LATER_FIGURES: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("compute_slowdown", "x"),
-        ("reader_read", "B/s"),
-        ("reader_idle_read", "B/s"),
-    )
-    """The figures (and units) added after the first: a profile written before one was
-    reads it as absent (``COMPUTE_SLOWDOWN_NOTE``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -343,7 +323,7 @@ class DiskFigures:
             "read": self.read.to_dict(),
             "write": self.write.to_dict(),
             "latency": self.latency.to_dict(),
-            **{key: getattr(self, key).to_dict() for key, _ in self.LATER_FIGURES},
+            "compute_slowdown": self.compute_slowdown.to_dict(),
         }
 
     @classmethod
@@ -355,14 +335,11 @@ class DiskFigures:
             read=Figure.from_dict(data.get("read"), f"{where}.read"),
             write=Figure.from_dict(data.get("write"), f"{where}.write"),
             latency=Figure.from_dict(data.get("latency"), f"{where}.latency"),
-            **{
-                key: (
-                    Figure.absent(unit, COMPUTE_SLOWDOWN_NOTE)
-                    if data.get(key) is None
-                    else Figure.from_dict(data[key], f"{where}.{key}")
-                )
-                for key, unit in cls.LATER_FIGURES
-            },
+            compute_slowdown=(
+                Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
+                if data.get("compute_slowdown") is None
+                else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
+            ),
         )
 
     @classmethod
@@ -374,7 +351,7 @@ class DiskFigures:
             read=Figure.absent("B/s", reason),
             write=Figure.absent("B/s", reason),
             latency=Figure.absent("s", reason),
-            **{key: Figure.absent(unit, reason) for key, unit in cls.LATER_FIGURES},
+            compute_slowdown=Figure.absent("x", reason),
         )
 
 

@@ -218,9 +218,8 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     read = [i for i in on_disk if plan.residency[i].streams]
     kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
-    profile = graph.profile
-    rate = profile.planned_disk_read_bytes_per_s
-    latency = profile.planned_disk_latency_s
+    rate = graph.profile.planned_disk_read_bytes_per_s
+    latency = graph.profile.planned_disk_latency_s
     planned = len(read) * latency + read_bytes / rate
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
@@ -228,12 +227,6 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
         f"{format_seconds(latency)} a read"
     ]
-    idle = profile.planned_disk_idle_read_bytes_per_s
-    if read and idle != rate:
-        lines.append(
-            f"    a read issued to an idle disk costed at {format_rate(idle, 'B/s')} (profile "
-            "disk.reader_idle_read)"
-        )
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:
         lines.append(

@@ -29,7 +29,6 @@ impl PyDevice {
         read_slowdown = 1.0,
         class_latency_s = Vec::new(),
         cold_latency_s = 0.0,
-        disk_idle_bytes_per_s = None,
     ))]
     fn new(
         name: String,
@@ -46,7 +45,6 @@ impl PyDevice {
         read_slowdown: f64,
         class_latency_s: Vec<f64>,
         cold_latency_s: f64,
-        disk_idle_bytes_per_s: Option<f64>,
     ) -> Self {
         Self {
             inner: Device {
@@ -63,7 +61,6 @@ impl PyDevice {
                 mem_bytes_per_s,
                 disk_bytes_per_s,
                 disk_latency_s,
-                disk_idle_bytes_per_s,
                 read_slowdown,
             },
         }
@@ -139,25 +136,18 @@ impl PyDevice {
         self.inner.mem_bytes_per_s
     }
 
-    /// Disk read rate in bytes per second of a read queued behind another,
-    /// used on the host (infinite: not modelled).
+    /// Disk read rate in bytes per second, used on the host (infinite: not
+    /// modelled).
     #[getter]
     fn disk_bytes_per_s(&self) -> f64 {
         self.inner.disk_bytes_per_s
     }
 
-    /// Fixed cost in seconds of a disk read, less what the transfer of a read
-    /// queued before it hides, used on the host (0: not modelled).
+    /// Fixed cost in seconds of a disk read issued to an idle disk, used on
+    /// the host (0: not modelled).
     #[getter]
     fn disk_latency_s(&self) -> f64 {
         self.inner.disk_latency_s
-    }
-
-    /// Disk read rate in bytes per second of a read issued to an idle disk
-    /// (`disk_bytes_per_s` unless given).
-    #[getter]
-    fn disk_idle_bytes_per_s(&self) -> f64 {
-        self.inner.disk_idle_bytes_per_s()
     }
 
     /// How many times longer the host's compute takes while disk reads run
@@ -172,7 +162,7 @@ impl PyDevice {
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -198,11 +188,7 @@ impl PyDevice {
                 format!(", read_slowdown={}", float_repr(d.read_slowdown))
             } else {
                 String::new()
-            },
-            d.disk_idle_bytes_per_s.map_or(String::new(), |r| format!(
-                ", disk_idle_bytes_per_s={}",
-                float_repr(r)
-            )),
+            }
         )
     }
 }

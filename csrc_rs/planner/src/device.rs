@@ -44,22 +44,16 @@ pub struct Device {
     /// its memory traffic over this rate (memory-bound ops such as
     /// elementwise ops and norms). Infinite means "not modelled".
     pub mem_bytes_per_s: f64,
-    /// Read rate of the disk tier in bytes per second for a read issued
-    /// while another is in flight (queued behind it), as the reader streams
-    /// (only the host's is used: parameters whose home is disk are read into
-    /// host memory). Infinite means "not modelled".
+    /// Read rate of the disk tier in bytes per second (only the host's is
+    /// used: parameters whose home is disk are read into host memory).
+    /// Infinite means "not modelled".
     pub disk_bytes_per_s: f64,
     /// Fixed cost of a read from the disk tier, in seconds, beyond its bytes
-    /// over its rate (the request's latency and the reader's hand-offs; a
-    /// read queued behind another hides it behind that one's transfer, as far
-    /// as the transfer lasts; only the host's is used). 0 means "not
-    /// modelled".
+    /// over `disk_bytes_per_s` (the request's latency and the reader's
+    /// hand-offs; a read queued behind another hides it behind that one's
+    /// transfer, as far as the transfer lasts; only the host's is used). 0
+    /// means "not modelled".
     pub disk_latency_s: f64,
-    /// Read rate for a read issued to an idle disk (none in flight), in
-    /// bytes per second: the reader's requests for it start together and
-    /// leave the disk idle as the last ones finish, with no read behind
-    /// them. `None`: `disk_bytes_per_s`.
-    pub disk_idle_bytes_per_s: Option<f64>,
     /// How many times longer this device's (the host's) compute takes while
     /// the disk tier reads: the part of a node's run that overlaps reads
     /// already queued runs this much slower (the reads compete with it for
@@ -94,24 +88,15 @@ impl Device {
             mem_bytes_per_s: f64::INFINITY,
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
-            disk_idle_bytes_per_s: None,
             read_slowdown: 1.0,
         }
     }
 
     /// Seconds this device (the host) needs to read a parameter of `bytes`
-    /// from the disk tier when no other read is in flight: its fixed cost
-    /// plus the bytes over the idle read rate.
+    /// from the disk tier: its fixed cost plus the bytes over the read rate.
     #[must_use]
     pub fn disk_read_time(&self, bytes: f64) -> f64 {
-        self.disk_latency_s + bytes / self.disk_idle_bytes_per_s()
-    }
-
-    /// The read rate of a read issued to an idle disk (the queued read's
-    /// where this device gives none of its own).
-    #[must_use]
-    pub fn disk_idle_bytes_per_s(&self) -> f64 {
-        self.disk_idle_bytes_per_s.unwrap_or(self.disk_bytes_per_s)
+        self.disk_latency_s + bytes / self.disk_bytes_per_s
     }
 
     /// The compute rate of rate class `class` (see `class_flops_per_s`).
@@ -267,7 +252,6 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             &[
                 ("mem_bytes_per_s", d.mem_bytes_per_s),
                 ("disk_bytes_per_s", d.disk_bytes_per_s),
-                ("disk_idle_bytes_per_s", d.disk_idle_bytes_per_s()),
             ]
         } else {
             &[

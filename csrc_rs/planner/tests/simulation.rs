@@ -386,26 +386,6 @@ fn a_queued_read_hides_its_fixed_cost_behind_the_transfer_before_it() {
 }
 
 #[test]
-fn a_read_issued_to_an_idle_disk_runs_at_the_idle_rate_a_queued_one_at_the_streaming_rate() {
-    // Both weights (1 MB each) on disk, both reads issued at the start: the
-    // first to an idle disk (0.5 ms fixed, 0.8 GB/s: 1.75 ms), the second
-    // behind it (1 GB/s, its fixed cost hidden behind the first's transfer:
-    // 1 ms).
-    let sim = both_read_from_disk(|host| {
-        host.disk_bytes_per_s = 1e9;
-        host.disk_latency_s = 5e-4;
-        host.disk_idle_bytes_per_s = Some(8e8);
-    });
-    let mut reads = records(&sim.timeline, Activity::Param);
-    reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
-    let spans: Vec<(f64, f64)> = reads.iter().map(|r| (r.start_s, r.end_s)).collect();
-    assert_eq!(spans.len(), 2, "{spans:?}");
-    assert_close(spans[0].1 - spans[0].0, 0.00175);
-    assert_close(spans[1].0, spans[0].1);
-    assert_close(spans[1].1 - spans[1].0, 0.001);
-}
-
-#[test]
 fn a_segment_issues_its_prefetches_before_waiting_for_its_own_read() {
     // Three layers (1 s of compute each) on the host, their weights (1 MB
     // each) on disk at 0.5 MB/s (2 s a read) with a fixed cost of 0.5 s,

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tensortorrent_dynamo import _planner as planner
-from tensortorrent_dynamo.errors import InvalidCostGraph, InvalidDevices, OptionsError
+from tensortorrent_dynamo.errors import InvalidCostGraph, OptionsError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -211,26 +211,3 @@ def test_the_version_names_the_sources_so_a_cached_plan_of_another_search_misses
     version = planner.version()
     assert re.fullmatch(r"(\d+\.\d+\.\d+)\+src\.[0-9a-f]{16}", version), version
     assert version.split("+")[0] == tensortorrent_dynamo.__version__
-
-
-def test_a_device_s_idle_disk_rate_defaults_to_its_queued_one_and_is_in_its_repr() -> None:
-    plain = host(disk_bytes_per_s=1e9)
-    assert plain.disk_idle_bytes_per_s == 1e9 and "disk_idle" not in repr(plain)
-    idle = host(disk_bytes_per_s=1e9, disk_idle_bytes_per_s=8e8)
-    assert idle.disk_idle_bytes_per_s == 8e8
-    assert repr(idle).endswith(", disk_idle_bytes_per_s=800000000.0)")
-    graph = planner.CostGraph(
-        [0.0, 1e6],
-        [8, 8],
-        [True, False],
-        [0, 0, 1],
-        [0],
-        [64],
-        [0, 1],
-        [1],
-        [1],
-        param_home=["disk"],
-    )
-    bad = host(disk_bytes_per_s=1e9, disk_idle_bytes_per_s=0.0)
-    with pytest.raises(InvalidDevices, match="disk_idle_bytes_per_s = 0; it must be positive"):
-        planner.plan(graph, [bad], "latency", True)

@@ -562,12 +562,6 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.disk_latency_s);
             }
-            // hashed only where an idle read's rate differs from a queued one's
-            if disk_params && d.disk_idle_bytes_per_s().to_bits() != d.disk_bytes_per_s.to_bits() {
-                h.str("disk_idle");
-                h.u64(i as u64);
-                h.f64(d.disk_idle_bytes_per_s());
-            }
             if disk_params && d.read_slowdown > 1.0 {
                 h.str("read_slowdown");
                 h.u64(i as u64);

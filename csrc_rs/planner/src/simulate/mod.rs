@@ -505,21 +505,17 @@ fn issue_prefetches(
         let mut ready = at;
         if home[q as usize] == Tier::Disk {
             // A read queued behind another hides its fixed cost behind that one's
-            // transfer, as far as the transfer lasts, and runs at the reader's
-            // streaming rate; one issued to an idle disk pays it whole, at the idle
-            // rate (its requests finish together, none behind them). One queued
-            // behind a read of a few KiB pays it whole too (their hand-offs run one
-            // after the other: 22 reads of 8-32 KiB kept the disk busy 0.48 ms each
-            // on the 2-core development machine).
+            // transfer, as far as the transfer lasts; one issued to an idle disk pays
+            // it whole, and so does one queued behind a read of a few KiB (their
+            // hand-offs run one after the other: 22 reads of 8-32 KiB kept the disk
+            // busy 0.48 ms each on the 2-core development machine).
+            let transfer = bytes as f64 / host.disk_bytes_per_s;
             let read = if queues.free_at(Resource::Disk) > at {
-                let transfer = bytes as f64 / host.disk_bytes_per_s;
-                let hidden = (host.disk_latency_s - queues.last_disk_transfer).max(0.0);
-                queues.last_disk_transfer = transfer;
-                transfer + hidden
+                transfer + (host.disk_latency_s - queues.last_disk_transfer).max(0.0)
             } else {
-                queues.last_disk_transfer = bytes as f64 / host.disk_idle_bytes_per_s();
                 host.disk_read_time(bytes as f64)
             };
+            queues.last_disk_transfer = transfer;
             let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
             ready = end;
             if d != HOST {

@@ -1,0 +1,48 @@
+"""The plan cache's key: every figure of every device the planner reads is in it, so that a
+plan searched under other figures is never replayed as if it were this search's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tensortorrent_dynamo import _planner as planner
+from tensortorrent_dynamo.plan import cache
+from tests.models import mlp
+from tests.unit.cost_graph.test_cost_graph import capture
+
+BASE: dict[str, Any] = {
+    "mem_bytes_per_s": 5e10,
+    "disk_bytes_per_s": 2e9,
+    "class_flops_per_s": [1e11],
+    "disk_latency_s": 4e-4,
+    "read_slowdown": 1.5,
+    "class_latency_s": [3e-6],
+    "cold_latency_s": 2e-6,
+}
+
+
+def _key(**changed: Any) -> str:
+    (graph,) = capture(mlp(16, 2), torch.randn(2, 16))
+    host = planner.Device("cpu", True, 2e11, 1 << 30, 0.0, 0.0, 2.5e-6, **{**BASE, **changed})
+    return cache.key(graph, None, [], [host], [], {}, "1.0.0+src.0")
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"mem_bytes_per_s": 6e10},
+        {"disk_bytes_per_s": 3e9},
+        {"class_flops_per_s": [2e11]},
+        {"disk_latency_s": 1e-4},
+        {"read_slowdown": 1.2},
+        {"class_latency_s": [4e-6]},
+        {"cold_latency_s": 1e-6},
+    ],
+    ids=lambda changed: next(iter(changed)),
+)
+def test_every_device_figure_the_planner_reads_changes_the_key(changed: dict[str, Any]) -> None:
+    assert _key(**changed) != _key()
+    assert _key() == _key()
