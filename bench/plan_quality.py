@@ -15,10 +15,10 @@ identical plans 1.3x apart); a candidate's figure is the median of all its calls
 
 All of that is one trial, and ``--trials`` of them run, each in a Python process of its
 own: within one process the candidates' calls agree closely, yet on the 2-core development
-machine the fastest of three plans within 20% of one another changed from one run to the
-next minutes later (its disk reads 1.7-3.5 GB/s in spells; a plan that keeps three reads in
-flight and one that reads the fewest bytes trade places with them), each time with a
-permutation p under 0.01. A case's figure is the median over trials of the chosen's time
+machine the fastest of plans within 20% of one another changed from one run to the next
+minutes later (its disk reads 1.7-3.5 GB/s in spells, and a double buffer, a three-deep
+window and a plan reading the fewest bytes one at a time each came out fastest in some
+run), each time with a permutation p under 0.01. A case's figure is the median over trials of the chosen's time
 over the fastest's; ``same_fastest_every_trial`` says whether the trials agreed.
 
 Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
