@@ -18,8 +18,9 @@ own: within one process the candidates' calls agree closely, yet on the 2-core d
 machine the fastest of plans within 20% of one another changed from one run to the next
 minutes later (its disk reads 1.7-3.5 GB/s in spells, and a double buffer, a three-deep
 window and a plan reading the fewest bytes one at a time each came out fastest in some
-run), each time with a permutation p under 0.01. A case's figure is the median over trials of the chosen's time
-over the fastest's; ``same_fastest_every_trial`` says whether the trials agreed.
+run), each time with a permutation p under 0.01. A case's figure is the median over trials
+of the chosen's time over the fastest's; ``same_fastest_every_trial`` says whether the
+trials agreed.
 
 Cases: the ram_offload bench's MLP at its quick size (8 x 2048^2 float32, a host budget of
 half the weights) at batch 16 (disk-bound) and 256, and 16 layers of 1024^2 at batch 4 under
