@@ -3,12 +3,14 @@ plan searched under other figures is never replayed as if it were this search's.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 
 from tensortorrent_dynamo import _planner as planner
+from tensortorrent_dynamo.cost_graph import CostGraph
 from tensortorrent_dynamo.plan import cache
 from tests.models import mlp
 from tests.unit.cost_graph.test_cost_graph import capture
@@ -24,8 +26,14 @@ BASE: dict[str, Any] = {
 }
 
 
-def _key(**changed: Any) -> str:
+@functools.cache
+def _graph() -> CostGraph:
     (graph,) = capture(mlp(16, 2), torch.randn(2, 16))
+    return graph
+
+
+def _key(**changed: Any) -> str:
+    graph = _graph()
     host = planner.Device("cpu", True, 2e11, 1 << 30, 0.0, 0.0, 2.5e-6, **{**BASE, **changed})
     return cache.key(graph, None, [], [host], [], {}, "1.0.0+src.0")
 
