@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 7
+METHODS_REVISION = 8
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -27,7 +27,8 @@ embeds tokens and runs norms and activations as models' graphs do, and each of i
 timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are timed at a
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
-attention's rate is measured, ``DeviceFigures.attention``): a cached short profile of an
+attention's rate is measured, ``DeviceFigures.attention``; 8: the disk's reads land in the
+memory the runtime reads into, ``io.pool.direct_io_memory``): a cached short profile of an
 older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
