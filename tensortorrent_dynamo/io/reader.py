@@ -147,20 +147,24 @@ class DiskReader:
     each, and smaller for a read under ``threads * chunk_bytes`` (a 16 MiB read is four
     4 MiB requests with 4 threads, not one), down to ``MIN_REQUEST_BYTES``.
 
-    Reading a 1 GiB safetensors file cold with ``O_DIRECT`` from the ext4 virtual disk of the
-    2-core development machine (medians of 3-5 passes, taken in turn so that the disk's drift
-    hits every setting alike; ``dd iflag=direct bs=16M`` gets 0.7-1.0 GB/s there): 1 thread
-    0.93-1.17 GB/s, 2 threads 1.19-1.28 GB/s, 4 threads 1.24-1.37 GB/s, for chunks of 4 to
-    32 MiB (16 MiB best or tied; 64 MiB no better). Buffered reads with the pages dropped get
-    0.86-0.94 GB/s. Hence 4 threads, 16 MiB chunks: the threads only wait on the disk.
+    Reading ``bench.ram_offload``'s 36 streamed 16 MiB chunks (604 MB) cold with
+    ``O_DIRECT`` from its checkpoint on the ext4 virtual disk of the 2-core development
+    machine, into a pool block faulted in at once (medians of 4 passes, taken in turn, one
+    and three reads deep): 1 thread 3.5-3.75 GB/s, 2 threads 3.7-4.1 (8 or 16 MiB chunks),
+    4 threads 3.8-4.0 (4 or 16 MiB chunks), 8 threads 3.8-3.9: alike within the disk's
+    drift. Hence 4 threads, 16 MiB chunks: the threads only wait on the disk. Where the
+    buffers' pages lie matters more than any of these: into a block first written by a
+    call's reads, scattered in physical memory, the same reads ran at 1.7-2.4 GB/s
+    (:func:`~tensortorrent_dynamo.io.pool.direct_io_memory`).
 
-    How deep reads queue changes their rate there, by more than the disk's drift only
-    unverified: 4 MiB reads ran at 2.1-2.3 GB/s one at a time and 1.4-1.8 GB/s with seven
-    or fifteen queued (at 1, 2 or 4 threads alike, and alike when each read's requests were
-    handed to the threads only once the one before was in); verified, one at a time was
-    the slowest (1.8 GB/s against 2.1-2.6 queued), its checks no longer overlapping its
-    reads. The planner keeps one rate (a model of the slowdown, fitted by the profile,
-    measured no slowdown with the checks on and was not kept).
+    Measured before reads landed in such memory: how deep reads queue changed their rate,
+    by more than the disk's drift only unverified: 4 MiB reads ran at 2.1-2.3 GB/s one at a
+    time and 1.4-1.8 GB/s with seven or fifteen queued (at 1, 2 or 4 threads alike, and
+    alike when each read's requests were handed to the threads only once the one before was
+    in); verified, one at a time was the slowest (1.8 GB/s against 2.1-2.6 queued), its
+    checks no longer overlapping its reads. The planner keeps one rate (a model of the
+    slowdown, fitted by the profile, measured no slowdown with the checks on and was not
+    kept).
     """
 
     def __init__(
