@@ -147,12 +147,18 @@ def direct_io_memory(nbytes: int) -> torch.Tensor:
     anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
     if private is None or anonymous is None:  # not a POSIX system
         return _aligned(nbytes, pin=False)
-    region = mmap.mmap(-1, size, flags=private | anonymous)
+    # A huge page covers an aligned 2 MiB range wholly inside the mapping: start the buffer
+    # at the mapping's first such boundary (the pages skipped are never touched, so never
+    # resident), so that all its whole 2 MiB ranges can be huge.
+    spare = HUGE_PAGE_BYTES if size >= HUGE_PAGE_BYTES else 0
+    region = mmap.mmap(-1, size + spare, flags=private | anonymous)
     hugepage = getattr(mmap, "MADV_HUGEPAGE", None)
     if hugepage is not None:
         with contextlib.suppress(OSError):  # a hint: the kernel may not offer them
             region.madvise(hugepage)
-    memory = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping alive
+    whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping alive
+    skip = -whole.data_ptr() % HUGE_PAGE_BYTES if spare else 0
+    memory = whole[skip : skip + size]
     memory.zero_()
     return memory[:nbytes]
 
