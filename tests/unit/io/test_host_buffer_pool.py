@@ -141,6 +141,8 @@ def test_the_reserved_block_is_faulted_in_at_once_on_huge_pages_where_offered() 
         assert _huge_bytes(block) >= 16 << 20, "asked for huge pages, and the kernel grants them"
     big = pool.take(8 << 20)  # no room in the block: a buffer of its own, alike
     assert _resident_pages(big) == (8 << 20) // PAGE
+    # at a huge page's boundary, so that each whole 2 MiB of it can be one
+    assert block.data_ptr() % (2 << 20) == 0 and big.data_ptr() % (2 << 20) == 0
 
 
 @pytest.mark.skipif(
