@@ -138,10 +138,11 @@ def direct_io_memory(nbytes: int) -> torch.Tensor:
     ``bench.ram_offload``'s 36 streamed 16 MiB chunks three deep from one file, in turn: into
     a ``torch.empty`` block first written by a call's reads (as the pool's block was) 1.7-2.4
     GB/s, with 2,200-4,100 runs in each 16 MiB buffer; into blocks faulted in one pass, or
-    by reads with nothing else running, 3.5-3.9 GB/s with 20-50 runs. One pass is not always
-    enough (the kernel hands out the pages last freed first, scattered after a compile), so
-    huge pages are asked for: 2 MiB runs, where transparent huge pages are enabled (shared
-    anonymous memory would need shmem's setting instead, off by default)."""
+    by reads with nothing else running, 3.5-3.9 GB/s with 20-50 runs. Faulting in one pass
+    was not always enough (in one process of two such a block read no faster), so huge
+    pages are asked for: 2 MiB runs, where transparent huge pages are enabled (shared
+    anonymous memory would need shmem's setting instead, off by default); with them the
+    block held 9-12 runs a 16 MiB buffer and read at 3.6-3.9 GB/s."""
     size = max(nbytes, PAGE_BYTES)
     private = getattr(mmap, "MAP_PRIVATE", None)
     anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
