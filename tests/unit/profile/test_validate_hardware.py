@@ -42,8 +42,10 @@ path, block = sys.argv[1], 4 << 20
 # buffer's pages lie in physical memory changes an O_DIRECT read's rate up to 2x, and dd's
 # malloc'd buffer (4 KiB pages, scattered) read at half the rate of one on huge pages
 memory = mmap.mmap(-1, block + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-if hasattr(mmap, "MADV_HUGEPAGE"):
+try:
     memory.madvise(mmap.MADV_HUGEPAGE)
+except (AttributeError, OSError):
+    pass  # a kernel without transparent huge pages refuses it
 address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
 buffer = memoryview(memory)[-address % (2 << 20) :][:block]
 buffer[:] = bytes(block)  # every page faulted in before the timed reads
