@@ -111,7 +111,8 @@ def _profile_section(hints: list[str]) -> None:
         )
     if m.disk.read.value is not None:
         print(
-            f"              disk read {format_value(m.disk.read)}, "
+            f"              disk read {format_value(m.disk.read)} "
+            f"({format_value(m.disk.stream)} while streaming), "
             f"write {format_value(m.disk.write)} at {m.disk.path}"
         )
     if m.mode == "short":

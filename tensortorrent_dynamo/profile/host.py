@@ -167,9 +167,30 @@ class HostProfile:
         return self.measurements.disk.read.value if self.measurements else None
 
     @property
+    def disk_stream_bytes_per_s(self) -> float | None:
+        """The rate of the disk reader's verified reads while the host computes on them, as
+        a streamed plan's (``disk.stream``), if measured."""
+        return self.measurements.disk.stream.value if self.measurements else None
+
+    @property
     def planned_disk_read_bytes_per_s(self) -> float:
-        """The disk read rate the planner uses: measured, else the nominal 1 GB/s."""
-        return self.disk_read_bytes_per_s or NOMINAL_DISK_READ_BYTES_PER_S
+        """The disk read rate the planner costs reads at: the reader's while the host
+        computes (``disk.stream``), else the disk's own (``disk.read``), else the nominal
+        1 GB/s."""
+        return (
+            self.disk_stream_bytes_per_s
+            or self.disk_read_bytes_per_s
+            or NOMINAL_DISK_READ_BYTES_PER_S
+        )
+
+    @property
+    def planned_disk_read_source(self) -> str:
+        """Which figure :attr:`planned_disk_read_bytes_per_s` is."""
+        if self.disk_stream_bytes_per_s:
+            return "profile disk.stream: the reader's verified reads while the host computes"
+        if self.disk_read_bytes_per_s:
+            return "profile disk.read: the disk's own rate"
+        return "nominal: the disk was not measured"
 
     @property
     def disk_write_bytes_per_s(self) -> float | None:

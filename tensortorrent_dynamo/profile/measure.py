@@ -7,10 +7,11 @@ read and write rates, which are bytes over the total time of their passes (see `
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import math
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..compiling.direct import direct_calls
 from ..errors import OffloadError
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
-from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader
+from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader, ReadResult
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
@@ -352,101 +353,141 @@ small batch's, where a matmul is bound by reading its weights from memory."""
 SLOWDOWN_READS_IN_FLIGHT = 2
 """Reads kept in flight while the matmul is timed, as a double-buffered stream does."""
 SLOWDOWN_TURNS = 3
-"""Turns of the matmul alone and while reading. A reader's first turn is often its slowest
-(on the 2-core development machine, a call took 0.54-1.05 ms in the first turn, 0.55-0.84
-in the second, five profiles in a row; once 14.2 ms against 0.72 and 0.74 after it), and
-the median of two turns is their mean: 1.42-1.95x in those five, 4.9x in one profile of
-four before them, where the runtime's streamed MLP computed 1.21x its time alone. The
-median of three leaves one such turn out (1.46-1.71x in five, the 14.2 ms one among them)."""
+"""Turns of the matmul alone and of the stream, taken in turn; each figure is the median of
+its turns (a reader's first turn is often its slowest)."""
+STREAM_READS = 24
+"""Reads of one turn of the stream (384 MiB of 16 MiB reads: about 0.1 s at 4 GB/s)."""
 
 
-def compute_slowdown(bench: DiskBench, budget: Budget) -> Figure:
-    """How many times longer the host's few-row matmul takes while the disk reader streams.
+class StreamProbe:
+    """The host streaming weights from disk as a small-batch plan does, timed once for two
+    figures: the rate its reads run at (``disk.stream``) and how many times longer its
+    matmuls take than alone (``disk.compute_slowdown``).
 
-    The runtime reads streamed weights on threads while the host computes: on the 2-core
-    development machine a 2048x2048 float32 layer at 16 rows took 4.2-6.5 ms a segment in
-    a streamed plan where eager took 2.3 ms, and a Qwen3 decode step's compute was busy
-    1.2-1.6x eager's step: the reads compete with compute for memory and the CPUs. This
-    times that (a weight read just before its matmul, not yet in any cache, is slower too,
-    which it does not): ``matmul_rows_flops``'s matmul alone and while a
-    :class:`~..io.reader.DiskReader` keeps reads of the disk bench's file in flight, each
-    read verified as the runtime's are, ``SLOWDOWN_TURNS`` times each in turn; the figure is
-    the ratio of the medians.
+    The runtime reads a streamed weight through a :class:`~..io.reader.DiskReader`, each
+    read verified on the verifier thread (a checksum per block), submitted by the calling
+    thread a read ahead of the segment that waits for it, which then computes on it and
+    gives its buffer back. This does the same: keep ``SLOWDOWN_READS_IN_FLIGHT`` reads of
+    ``DEFAULT_CHUNK_BYTES`` (a streamed chunk's size) of the disk bench's file in flight,
+    wait for the oldest, multiply ``SLOWDOWN_ROWS`` rows by a float32 weight of the read's
+    size (timed; a resident one, cycling through more than the caches hold), give the
+    buffer back and submit the next read. The stream's rate is its bytes over its time;
+    the slowdown is the median matmul in it over the median alone.
+
+    It replaced a probe that timed a tight loop of matmuls while two other threads kept
+    reads in flight, which measured 1.54-2.12x on the 2-core development machine where the
+    runtime's streamed segments computed 1.0-1.17x their time alone (the corpus of
+    ``bench.fidelity`` at batch 16, ``bench.ram_offload``'s layers at batch 256), so the
+    simulator costed a streamed small batch's compute up to 31% above what it measured; and
+    the disk bench's raw reads (4.1-4.5 GB/s there) ran faster than the reader's reads in a
+    call (3.4-3.8 GB/s), which the simulator costed reads at, 20-26% under a call's disk time.
+    This loop measured 1.02-1.10x and 3.6-3.9 GB/s there.
     """
-    path = bench.read_file()
-    piece = min(bench.nbytes, DEFAULT_CHUNK_BYTES)
-    unguarded = {
-        f"probe@{offset}": TensorLocation(
-            f"probe@{offset}", path, offset, piece, torch.uint8, (piece,)
+
+    def __init__(self, bench: DiskBench, budget: Budget) -> None:
+        self._bench = bench
+        self._budget = budget
+        self._figures: tuple[Figure, Figure] | None = None
+
+    def rate(self) -> Figure:
+        """Bytes per second of the stream's reads (``disk.stream``)."""
+        return self._measure()[0]
+
+    def slowdown(self) -> Figure:
+        """The stream's matmul time over its time alone (``disk.compute_slowdown``)."""
+        return self._measure()[1]
+
+    def _measure(self) -> tuple[Figure, Figure]:
+        if self._figures is None:
+            self._figures = self._run()
+        return self._figures
+
+    def _pieces(self) -> list[TensorLocation]:
+        bench = self._bench
+        path = bench.read_file()
+        piece = min(bench.nbytes, DEFAULT_CHUNK_BYTES)
+        unguarded = {
+            f"probe@{offset}": TensorLocation(
+                f"probe@{offset}", path, offset, piece, torch.uint8, (piece,)
+            )
+            for offset in range(0, bench.nbytes - piece + 1, piece)
+        }
+        # verified as the runtime verifies every weight it reads (the checksum of each
+        # block, recorded at its first read as for a user's checkpoint)
+        guard = FileGuard(
+            path,
+            {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
+            source="disk bench file",
+            advice="measure the profile again",
         )
-        for offset in range(0, bench.nbytes - piece + 1, piece)
-    }
-    # verified as the runtime verifies every weight it reads (the checksum of each block,
-    # recorded at its first read as for a user's checkpoint): 92 ms of a CPU per call of
-    # bench.ram_offload's 576 MiB, which its compute shares the cores with
-    guard = FileGuard(
-        path,
-        {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
-        source="disk bench file",
-        advice="measure the profile again",
-    )
-    pieces = list(guard.locate(unguarded).values())
-    n = budget.cpu_matmul_n
-    copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
-    weights = _weights(n, copies, "cpu", torch.float32)
-    a = torch.randn(SLOWDOWN_ROWS, n)
-    out = torch.empty(SLOWDOWN_ROWS, n)
-    turn = [0]
+        return list(guard.locate(unguarded).values())
 
-    def call() -> None:
-        torch.mm(a, weights[turn[0]], out=out)
-        turn[0] = (turn[0] + 1) % copies
+    def _run(self) -> tuple[Figure, Figure]:
+        budget = self._budget
+        pieces = self._pieces()
+        piece = pieces[0].nbytes
+        n = max(1, math.isqrt(piece // 4))  # a float32 weight of the read's size
+        copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
+        weights = _weights(n, copies, "cpu", torch.float32)
+        a = torch.randn(SLOWDOWN_ROWS, n)
+        out = torch.empty(SLOWDOWN_ROWS, n)
+        turn = [0]
 
-    alone: list[float] = []
-    reading: list[float] = []
-    failed: list[BaseException] = []
-    pool = HostBufferPool()
-    with DiskReader(pool) as reader:
-        stop = threading.Event()
+        def call() -> None:
+            torch.mm(a, weights[turn[0]], out=out)
+            turn[0] = (turn[0] + 1) % copies
 
-        def stream(first: int) -> None:
-            i = first
-            try:
-                while not stop.is_set():
-                    pool.give(reader.submit(pieces[i % len(pieces)]).result().buffer)
-                    i += SLOWDOWN_READS_IN_FLIGHT
-            except BaseException as exc:  # reported by the measuring thread
-                failed.append(exc)
+        def stream(reader: DiskReader, pool: HostBufferPool) -> tuple[float, float]:
+            """Seconds of one turn of the stream, and its median matmul's."""
+            times: list[float] = []
+            flight: list[concurrent.futures.Future[ReadResult]] = []
+            submitted = 0
+            start = time.perf_counter()
+            for _ in range(STREAM_READS):
+                while submitted < STREAM_READS and len(flight) < SLOWDOWN_READS_IN_FLIGHT:
+                    flight.append(reader.submit(pieces[submitted % len(pieces)]))
+                    submitted += 1
+                landed = flight.pop(0).result()
+                begin = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - begin)
+                pool.give(landed.buffer)
+            return time.perf_counter() - start, statistics.median(times)
 
-        for _ in range(SLOWDOWN_TURNS):
-            alone.append(time_per_call(call, _sync(("cpu",)), budget)[0])
-            stop.clear()
-            streams = [
-                threading.Thread(target=stream, args=(k,), daemon=True)
-                for k in range(SLOWDOWN_READS_IN_FLIGHT)
-            ]
-            for thread in streams:
-                thread.start()
-            try:
-                reading.append(time_per_call(call, _sync(("cpu",)), budget)[0])
-            finally:
-                stop.set()
-                for thread in streams:
-                    thread.join()
-            if failed:  # a figure timed without the reads would say nothing
-                raise failed[0]
-    return Figure(
-        value=statistics.median(reading) / statistics.median(alone),
-        unit="x",
-        method=(
-            f"time per call of torch.mm of a {SLOWDOWN_ROWS}x{n} float32 matrix by {copies} "
-            f"transposed {n}x{n} ones in turn, while a DiskReader keeps "
-            f"{SLOWDOWN_READS_IN_FLIGHT} reads of {format_bytes(piece)} from {path.parent} in "
-            "flight, each verified as the runtime's reads are (a checksum per block), over "
-            f"that time alone (each the median of its samples; {SLOWDOWN_TURNS} of each, in "
-            "turn; the ratio of their medians)"
-        ),
-    )
+        alone: list[float] = []
+        streamed: list[float] = []
+        rates: list[float] = []
+        pool = HostBufferPool()
+        with DiskReader(pool) as reader:
+            stream(reader, pool)  # untimed: the pool's buffers and the threads start cold
+            for _ in range(SLOWDOWN_TURNS):
+                alone.append(time_per_call(call, _sync(("cpu",)), budget)[0])
+                seconds, matmul = stream(reader, pool)
+                rates.append(STREAM_READS * piece / seconds)
+                streamed.append(matmul)
+        how = (
+            f"{STREAM_READS} reads of {format_bytes(piece)} from {pieces[0].path.parent} "
+            f"through a DiskReader, {SLOWDOWN_READS_IN_FLIGHT} in flight, each verified as the "
+            "runtime's reads are (a checksum per block), and on each as it lands a torch.mm "
+            f"of a {SLOWDOWN_ROWS}x{n} float32 matrix by a transposed {n}x{n} one ({copies} "
+            "in turn), as a small batch's streamed plan runs; "
+            f"{SLOWDOWN_TURNS} turns after an untimed one, each after the matmul timed alone"
+        )
+        return (
+            Figure(
+                value=statistics.median(rates),
+                unit="B/s",
+                method=f"bytes over the time of the stream: {how}; the median of its turns",
+            ),
+            Figure(
+                value=statistics.median(streamed) / statistics.median(alone),
+                unit="x",
+                method=(
+                    "the median matmul in the stream over its median alone (the median of "
+                    f"each over its turns): {how}"
+                ),
+            ),
+        )
 
 
 def memory_bandwidth(device: str, budget: Budget) -> Figure:
@@ -741,12 +782,15 @@ def _plan_disk(
         reason = f"only {format_bytes(bench.free)} free at {offload_dir}"
         return None, [], DiskFigures.absent(reason, str(offload_dir))
     # The write step creates the file that the read and latency steps use.
-    slowdown = functools.partial(compute_slowdown, bench, budget)
+    probe = StreamProbe(bench, budget)
     steps = [
         _Step(("disk", "write"), f"disk write at {offload_dir}", "B/s", bench.write),
         _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
-        _Step(("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", slowdown),
+        _Step(("disk", "stream"), "disk reads while the cpu computes", "B/s", probe.rate),
+        _Step(
+            ("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", probe.slowdown
+        ),
     ]
     return bench, steps, None
 
@@ -904,6 +948,7 @@ def measure_host(
             write=results[("disk", "write")],
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
+            stream=results[("disk", "stream")],
         )
     else:
         assert absent_disk is not None

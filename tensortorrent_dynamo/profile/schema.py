@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 8
+METHODS_REVISION = 9
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -28,7 +28,9 @@ timed too, ``DeviceFigures.op_latencies``; 6: the host's few-row matmuls are tim
 large model's width too, ``DeviceFigures.matmul_rows_wide``; 7: the op latency's probe is
 timed with its caches evicted before each call too, ``DeviceFigures.op_cold_latency``, and
 attention's rate is measured, ``DeviceFigures.attention``; 8: the disk's reads land in the
-memory the runtime reads into, ``io.pool.direct_io_memory``): a cached short profile of an
+memory the runtime reads into, ``io.pool.direct_io_memory``; 9: the compute slowdown is
+timed on a stream of reads as the runtime's, which gives the reader's rate too,
+``DiskFigures.stream``, ``measure.StreamProbe``): a cached short profile of an
 older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
@@ -60,7 +62,8 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown``: it was measured before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown`` or ``disk.stream``: it was measured before
+the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +319,11 @@ class DiskFigures:
     )
     """How many times longer the host's few-row matmul takes while the disk reader streams
     weights (unit ``x``; at least 1 but for noise)."""
+    stream: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
+    )
+    """The rate of the disk reader's verified reads while the host computes on them, as a
+    streamed plan's (``measure.StreamProbe``): what the planner costs reads at."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -325,6 +333,7 @@ class DiskFigures:
             "write": self.write.to_dict(),
             "latency": self.latency.to_dict(),
             "compute_slowdown": self.compute_slowdown.to_dict(),
+            "stream": self.stream.to_dict(),
         }
 
     @classmethod
@@ -341,6 +350,11 @@ class DiskFigures:
                 if data.get("compute_slowdown") is None
                 else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
             ),
+            stream=(
+                Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
+                if data.get("stream") is None
+                else Figure.from_dict(data["stream"], f"{where}.stream")
+            ),
         )
 
     @classmethod
@@ -353,6 +367,7 @@ class DiskFigures:
             write=Figure.absent("B/s", reason),
             latency=Figure.absent("s", reason),
             compute_slowdown=Figure.absent("x", reason),
+            stream=Figure.absent("B/s", reason),
         )
 
 

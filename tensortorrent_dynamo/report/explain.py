@@ -225,7 +225,8 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
-        f"{format_seconds(latency)} a read"
+        f"{format_seconds(latency)} a read",
+        f"    read rate from {graph.profile.planned_disk_read_source}",
     ]
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:

@@ -17,7 +17,7 @@ from tests.models import mlp
 from tests.unit.cost_graph.test_cost_graph import capture
 
 
-def _measurements(slowdown: float | None) -> Measurements:
+def _measurements(slowdown: float | None, stream: float | None = None) -> Measurements:
     m = nominal_measurements()
     disk = DiskFigures(
         path="/offload",
@@ -29,6 +29,11 @@ def _measurements(slowdown: float | None) -> Measurements:
             Figure(slowdown, "x", "fake")
             if slowdown is not None
             else DiskFigures.absent("not measured here").compute_slowdown
+        ),
+        stream=(
+            Figure(stream, "B/s", "fake")
+            if stream is not None
+            else DiskFigures.absent("not measured here").stream
         ),
     )
     return dataclasses.replace(m, disk=disk)
@@ -77,3 +82,41 @@ def test_a_streamed_plan_is_costed_and_explained_with_the_slowdown(tmp_path: Pat
     assert busy[3.0] > 2 * busy[1.0], busy
     # a plan that reads only while compute waits never computes while reading
     assert sync[3.0] == sync[1.0]
+
+
+def test_reads_are_costed_at_the_readers_rate_while_streaming_where_measured(
+    tmp_path: Path,
+) -> None:
+    # The disk's own rate (disk.read) is what raw reads get; a streamed plan's reads go
+    # through the reader, verified, while the host computes (disk.stream), and are costed so.
+    (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
+    host = _profile(None).devices[0]
+    devices = [PlannedDevice(host, graph.param_bytes // 2)]
+    for stream, rate in ((None, 1e9), (4e8, 4e8)):
+        profile = HostProfile.from_measurements(_measurements(None, stream), "test")
+        assert profile.disk_read_bytes_per_s == 1e9
+        (native,) = native_device_list(devices, profile, graph)
+        assert native.disk_bytes_per_s == rate
+    model, x = mlp(1024, 8), torch.randn(16, 1024)  # 4 MiB reads: their bytes dominate
+    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
+    read_s = {}
+    for stream in (None, 2.5e8):
+        path = tmp_path / f"profile-{stream}.json"
+        path.write_text(_measurements(None, stream).to_json())
+        with torch.no_grad():
+            compiled = tt.compile(
+                mlp(1024, 8),
+                example_inputs=(x,),
+                compiler="eager",
+                profile=str(path),
+                budgets={"cpu": budget},
+                offload_dir=str(tmp_path / "offload"),
+            )
+        text = compiled.explain()
+        source = "disk.stream" if stream else "disk.read"
+        rate_text = "250.00 MB/s" if stream else "1.00 GB/s"
+        assert f"at {rate_text} and" in text and f"read rate from profile {source}" in text
+        native = compiled.graphs[0].plan.native
+        read_s[stream] = native.busy_fraction["disk->cpu"] * native.predicted_time_s
+    # the same bytes read four times slower (and their fixed costs as before)
+    assert read_s[2.5e8] > 3 * read_s[None], read_s

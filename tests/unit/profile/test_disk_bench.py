@@ -69,11 +69,11 @@ def test_measure_host_times_ops_as_calls_run_them_even_inside_a_compile(
     assert seen and not any(seen)
 
 
-def test_the_compute_slowdown_reads_are_verified_as_the_runtimes_are(
+def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The runtime checks every block it reads from disk on a thread of its own, CPU time
-    # that compute shares the cores with: the slowdown is measured with that work in it.
+    # that compute shares the cores with: the stream is measured with that work in it.
     from tensortorrent_dynamo.io.locations import FileGuard
     from tensortorrent_dynamo.profile import measure
 
@@ -87,8 +87,14 @@ def test_the_compute_slowdown_reads_are_verified_as_the_runtimes_are(
     monkeypatch.setattr(FileGuard, "verify", spy)
     bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
     try:
-        figure = measure.compute_slowdown(bench, measure.BUDGETS["quick"])
+        probe = measure.StreamProbe(bench, measure.BUDGETS["quick"])
+        rate, slowdown = probe.rate(), probe.slowdown()
     finally:
         bench.close()
-    assert figure.value is not None and figure.value > 0
-    assert checked and "verified" in figure.method
+    # untimed turn, then the timed ones: every read of each verified
+    assert len(checked) >= (measure.SLOWDOWN_TURNS + 1) * measure.STREAM_READS
+    assert slowdown.value is not None and slowdown.value > 0 and "verified" in slowdown.method
+    # both figures from the one stream: the rate is its reads' bytes over its time
+    assert rate.unit == "B/s" and rate.value is not None and rate.value > 0
+    assert rate.method.endswith("the median of its turns")
+    assert slowdown.method.split(": ", 1)[1] in rate.method
