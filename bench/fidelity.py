@@ -280,9 +280,13 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
         "cpu_memory_bytes_per_s": cpu.memory_bandwidth_bytes_per_s,
         "cpu_op_latency_s": cpu.latency_s,
         "disk_read_bytes_per_s": profile.disk_read_bytes_per_s,
+        "disk_stream_bytes_per_s": profile.disk_stream_bytes_per_s,
+        "compute_slowdown_while_reading": profile.compute_slowdown_while_reading,
     }
     disk_text = (
-        f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s"
+        f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s "
+        f"({(figures['disk_stream_bytes_per_s'] or 0) / 1e9:.2f} streaming, compute "
+        f"{figures['compute_slowdown_while_reading']:.2f}x while reading)"
         if figures["disk_read_bytes_per_s"]
         else ""
     )
