@@ -101,6 +101,8 @@ class Device:
     class 0 and the classes it does not list pay ``latency_s`` an op. ``cold_latency_s`` is
     what a segment pays the first time it runs each kind of op (``CostGraph``'s
     ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
+    ``read_cpu_s`` is the host's compute each disk read takes while in flight, charged on
+    the host when the read is issued (used on the host; 0, the default, is not modelled).
     """
 
     def __new__(
@@ -120,6 +122,7 @@ class Device:
         read_slowdown: float = ...,
         class_latency_s: Sequence[float] = ...,
         cold_latency_s: float = ...,
+        read_cpu_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -169,6 +172,10 @@ class Device:
     def read_slowdown(self) -> float:
         """How many times longer the host's compute takes while disk reads run (1: not
         modelled)."""
+    @property
+    def read_cpu_s(self) -> float:
+        """Seconds of the host's compute each disk read takes while in flight, used on the
+        host (0: not modelled)."""
 
 @final
 class Candidate:

@@ -56,6 +56,7 @@ def key(
                 d.disk_bytes_per_s,
                 d.disk_latency_s,
                 d.read_slowdown,
+                d.read_cpu_s,
                 d.cold_latency_s,
                 list(d.class_flops_per_s),
                 list(d.class_latency_s),

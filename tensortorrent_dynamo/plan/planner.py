@@ -413,6 +413,7 @@ def native_device_list(
             read_slowdown=(
                 profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0
             ),
+            read_cpu_s=profile.read_cpu_s if d.profile.is_host and has_params else 0.0,
         )
         for d in devices
     ]

@@ -219,6 +219,13 @@ class HostProfile:
         measured = self.disk_latency_s
         return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
 
+    @property
+    def read_cpu_s(self) -> float:
+        """Seconds of the host's compute a disk read takes while in flight
+        (``disk.read_cpu``): measured, else 0 (not modelled)."""
+        value = self.measurements.disk.read_cpu.value if self.measurements else None
+        return max(0.0, value) if value else 0.0
+
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:
         """The planner's view of ``m``: float32 FLOP/s, pinned link rates, host RAM free now.

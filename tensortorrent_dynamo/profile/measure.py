@@ -359,6 +359,30 @@ STREAM_READS = 24
 """Reads of one turn of the stream (384 MiB of 16 MiB reads: about 0.1 s at 4 GB/s)."""
 
 
+def _guarded_pieces(
+    bench: DiskBench, piece: int, stride: int | None = None
+) -> list[TensorLocation]:
+    """Locations of ``piece`` bytes every ``stride`` (default ``piece``) of the disk bench's
+    file, guarded as the runtime guards every weight it reads (the checksum of each block,
+    recorded at its first read as for a user's checkpoint), so that reading them verifies
+    them."""
+    path = bench.read_file()
+    step = stride or piece
+    unguarded = {
+        f"probe@{offset}": TensorLocation(
+            f"probe@{offset}", path, offset, piece, torch.uint8, (piece,)
+        )
+        for offset in range(0, bench.nbytes - piece + 1, step)
+    }
+    guard = FileGuard(
+        path,
+        {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
+        source="disk bench file",
+        advice="measure the profile again",
+    )
+    return list(guard.locate(unguarded).values())
+
+
 class StreamProbe:
     """The host streaming weights from disk as a small-batch plan does, timed once for two
     figures: the rate its reads run at (``disk.stream``) and how many times longer its
@@ -402,29 +426,9 @@ class StreamProbe:
             self._figures = self._run()
         return self._figures
 
-    def _pieces(self) -> list[TensorLocation]:
-        bench = self._bench
-        path = bench.read_file()
-        piece = min(bench.nbytes, DEFAULT_CHUNK_BYTES)
-        unguarded = {
-            f"probe@{offset}": TensorLocation(
-                f"probe@{offset}", path, offset, piece, torch.uint8, (piece,)
-            )
-            for offset in range(0, bench.nbytes - piece + 1, piece)
-        }
-        # verified as the runtime verifies every weight it reads (the checksum of each
-        # block, recorded at its first read as for a user's checkpoint)
-        guard = FileGuard(
-            path,
-            {key: (loc.offset, loc.nbytes, None) for key, loc in unguarded.items()},
-            source="disk bench file",
-            advice="measure the profile again",
-        )
-        return list(guard.locate(unguarded).values())
-
     def _run(self) -> tuple[Figure, Figure]:
         budget = self._budget
-        pieces = self._pieces()
+        pieces = _guarded_pieces(self._bench, min(self._bench.nbytes, DEFAULT_CHUNK_BYTES))
         piece = pieces[0].nbytes
         n = max(1, math.isqrt(piece // 4))  # a float32 weight of the read's size
         copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
@@ -486,6 +490,87 @@ class StreamProbe:
                     "the median matmul in the stream over its median alone (the median of "
                     f"each over its turns): {how}"
                 ),
+            ),
+        )
+
+
+SMALL_READ_BYTES = 32 * 2**10
+"""The size of ``SmallReadProbe``'s reads: a small model's weight (the corpus's tiny
+decoders stream weights of 16-44 KiB)."""
+SMALL_READS = 200
+"""Reads of one turn of ``SmallReadProbe``."""
+SMALL_SEGMENT_REPEATS = 4
+"""Times ``SmallReadProbe``'s segment runs its five ops (about 55 us on the 2-core
+development machine, a small streamed segment's time)."""
+
+
+class SmallReadProbe:
+    """What a small read through the disk reader takes from the host's compute while in
+    flight (``disk.read_cpu``), as a plan streaming a small model's weights reads them: one
+    at a time, each submitted just before a short segment of small ops runs on the calling
+    thread, then waited for.
+
+    The reader's threads hand a read on, read it and check it under the interpreter lock
+    the calling thread's ops take between them: on the 2-core development machine a
+    segment of five small ops (t, mm, a view, silu, a view) took 15 us alone and 53 us with
+    one 44 KiB read in flight; four in a row 56 and 127 us; sixteen 192 and 291 us. The
+    corpus Llama's disk plan, whose 14 reads of 16-44 KiB come between segments of a few
+    ops, computed 1.4-2.5x what the simulator predicted for it, where its compute alone (no
+    disk tier) was predicted within 17%. The figure is the segment's median time with a
+    read in flight less its median alone (it measured 50-107 us there).
+    """
+
+    def __init__(self, bench: DiskBench) -> None:
+        self._bench = bench
+
+    def read_cpu(self) -> Figure:
+        """Seconds of the host's compute one read takes while in flight (``disk.read_cpu``)."""
+        piece = min(self._bench.nbytes, SMALL_READ_BYTES)
+        # a piece every MiB: no read is of a block a read before it just brought in
+        pieces = _guarded_pieces(self._bench, piece, max(piece, 2**20))
+        x = torch.randn(16, 64)
+        w = torch.randn(128, 64)
+
+        def segment() -> None:
+            for _ in range(SMALL_SEGMENT_REPEATS):
+                t = torch.ops.aten.t.default(w)
+                mm = torch.ops.aten.mm.default(x, t)
+                v = torch.ops.aten._unsafe_view.default(mm, [2, 8, 128])
+                torch.ops.aten.silu.default(v)
+                torch.ops.aten.view.default(x, [16, 64])
+
+        alone: list[float] = []
+        flying: list[float] = []
+        pool = HostBufferPool()
+        with DiskReader(pool) as reader:
+            for _ in range(20):  # untimed: the threads, the pool and the ops start cold
+                segment()
+                pool.give(reader.submit(pieces[0]).result().buffer)
+            for turn in range(SLOWDOWN_TURNS):
+                turn_alone, turn_flying = [], []
+                for i in range(SMALL_READS):
+                    begin = time.perf_counter()
+                    segment()
+                    turn_alone.append(time.perf_counter() - begin)
+                    read = reader.submit(pieces[(turn * SMALL_READS + i) % len(pieces)])
+                    begin = time.perf_counter()
+                    segment()
+                    turn_flying.append(time.perf_counter() - begin)
+                    pool.give(read.result().buffer)
+                alone.append(statistics.median(turn_alone))
+                flying.append(statistics.median(turn_flying))
+        return Figure(
+            value=max(0.0, statistics.median(flying) - statistics.median(alone)),
+            unit="s",
+            method=(
+                "a segment's time with a read in flight less its time alone "
+                f"({statistics.median(alone) * 1e6:.0f} us): {SMALL_READS} reads of "
+                f"{format_bytes(piece)} of the disk bench's file one at a time through a "
+                "DiskReader, each verified as the runtime's are, submitted just before the "
+                f"segment ({5 * SMALL_SEGMENT_REPEATS} small ops: t, mm, views, silu on 16x64 "
+                "and 128x64 float32) runs on the calling thread, then waited for, the "
+                f"segment also timed alone before each; {SLOWDOWN_TURNS} turns, the median "
+                "of each turn's medians"
             ),
         )
 
@@ -783,11 +868,13 @@ def _plan_disk(
         return None, [], DiskFigures.absent(reason, str(offload_dir))
     # The write step creates the file that the read and latency steps use.
     probe = StreamProbe(bench, budget)
+    small = SmallReadProbe(bench)
     steps = [
         _Step(("disk", "write"), f"disk write at {offload_dir}", "B/s", bench.write),
         _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
         _Step(("disk", "stream"), "disk reads while the cpu computes", "B/s", probe.rate),
+        _Step(("disk", "read_cpu"), "cpu taken by small disk reads", "s", small.read_cpu),
         _Step(
             ("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", probe.slowdown
         ),
@@ -949,6 +1036,7 @@ def measure_host(
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
             stream=results[("disk", "stream")],
+            read_cpu=results[("disk", "read_cpu")],
         )
     else:
         assert absent_disk is not None

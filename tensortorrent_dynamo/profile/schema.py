@@ -30,8 +30,9 @@ timed with its caches evicted before each call too, ``DeviceFigures.op_cold_late
 attention's rate is measured, ``DeviceFigures.attention``; 8: the disk's reads land in the
 memory the runtime reads into, ``io.pool.direct_io_memory``; 9: the compute slowdown is
 timed on a stream of reads as the runtime's, which gives the reader's rate too,
-``DiskFigures.stream``, ``measure.StreamProbe``): a cached short profile of an
-older revision is measured again. A file without one is revision 1."""
+``DiskFigures.stream``, ``measure.StreamProbe``, and what a small read takes from the host's
+compute while in flight is measured, ``measure.SmallReadProbe``): a cached short
+profile of an older revision is measured again. A file without one is revision 1."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -62,8 +63,8 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown`` or ``disk.stream``: it was measured before
-the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream`` or ``disk.read_cpu``: it was
+measured before the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +305,13 @@ class LinkFigure:
         )
 
 
+def _optional(data: Mapping[str, Any], name: str, unit: str, where: str) -> Figure:
+    """The figure ``name`` of ``data``, absent where a profile written before it lacks it."""
+    if data.get(name) is None:
+        return Figure.absent(unit, COMPUTE_SLOWDOWN_NOTE)
+    return Figure.from_dict(data[name], f"{where}.{name}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DiskFigures:
     """The disk tier at the offload directory (``path`` is ``None`` when it was not measured)."""
@@ -324,6 +332,10 @@ class DiskFigures:
     )
     """The rate of the disk reader's verified reads while the host computes on them, as a
     streamed plan's (``measure.StreamProbe``): what the planner costs reads at."""
+    read_cpu: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
+    )
+    """The host's compute a read takes while in flight (``measure.SmallReadProbe``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -334,6 +346,7 @@ class DiskFigures:
             "latency": self.latency.to_dict(),
             "compute_slowdown": self.compute_slowdown.to_dict(),
             "stream": self.stream.to_dict(),
+            "read_cpu": self.read_cpu.to_dict(),
         }
 
     @classmethod
@@ -345,16 +358,9 @@ class DiskFigures:
             read=Figure.from_dict(data.get("read"), f"{where}.read"),
             write=Figure.from_dict(data.get("write"), f"{where}.write"),
             latency=Figure.from_dict(data.get("latency"), f"{where}.latency"),
-            compute_slowdown=(
-                Figure.absent("x", COMPUTE_SLOWDOWN_NOTE)
-                if data.get("compute_slowdown") is None
-                else Figure.from_dict(data["compute_slowdown"], f"{where}.compute_slowdown")
-            ),
-            stream=(
-                Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
-                if data.get("stream") is None
-                else Figure.from_dict(data["stream"], f"{where}.stream")
-            ),
+            compute_slowdown=_optional(data, "compute_slowdown", "x", where),
+            stream=_optional(data, "stream", "B/s", where),
+            read_cpu=_optional(data, "read_cpu", "s", where),
         )
 
     @classmethod
@@ -368,6 +374,7 @@ class DiskFigures:
             latency=Figure.absent("s", reason),
             compute_slowdown=Figure.absent("x", reason),
             stream=Figure.absent("B/s", reason),
+            read_cpu=Figure.absent("s", reason),
         )
 
 

@@ -228,6 +228,12 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"{format_seconds(latency)} a read",
         f"    read rate from {graph.profile.planned_disk_read_source}",
     ]
+    read_cpu = graph.profile.read_cpu_s
+    if read_cpu > 0 and read:
+        lines.append(
+            f"    each read costed {format_seconds(read_cpu)} of host compute while in flight "
+            "(profile disk.read_cpu: the reader's hand-offs share the interpreter lock)"
+        )
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:
         lines.append(

@@ -29,6 +29,7 @@ impl PyDevice {
         read_slowdown = 1.0,
         class_latency_s = Vec::new(),
         cold_latency_s = 0.0,
+        read_cpu_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -45,6 +46,7 @@ impl PyDevice {
         read_slowdown: f64,
         class_latency_s: Vec<f64>,
         cold_latency_s: f64,
+        read_cpu_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -62,6 +64,7 @@ impl PyDevice {
                 disk_bytes_per_s,
                 disk_latency_s,
                 read_slowdown,
+                read_cpu_s,
             },
         }
     }
@@ -157,12 +160,19 @@ impl PyDevice {
         self.inner.read_slowdown
     }
 
+    /// Seconds of the host's compute each disk read takes while in flight,
+    /// used on the host (0: not modelled).
+    #[getter]
+    fn read_cpu_s(&self) -> f64 {
+        self.inner.read_cpu_s
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -186,6 +196,11 @@ impl PyDevice {
             },
             if d.read_slowdown > 1.0 {
                 format!(", read_slowdown={}", float_repr(d.read_slowdown))
+            } else {
+                String::new()
+            },
+            if d.read_cpu_s > 0.0 {
+                format!(", read_cpu_s={}", float_repr(d.read_cpu_s))
             } else {
                 String::new()
             }

@@ -59,6 +59,12 @@ pub struct Device {
     /// already queued runs this much slower (the reads compete with it for
     /// the CPUs and memory). At least 1; 1 means "not modelled".
     pub read_slowdown: f64,
+    /// Seconds of the host's compute that each disk read takes from it
+    /// while in flight (the reader's threads hand the read on and check it
+    /// under the same interpreter lock as the calling thread's ops): charged
+    /// on the host's compute queue when the read is issued. Only the host's
+    /// is used; 0 means "not modelled".
+    pub read_cpu_s: f64,
 }
 
 impl Device {
@@ -89,6 +95,7 @@ impl Device {
             disk_bytes_per_s: f64::INFINITY,
             disk_latency_s: 0.0,
             read_slowdown: 1.0,
+            read_cpu_s: 0.0,
         }
     }
 
@@ -239,6 +246,7 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             ("latency_s", d.latency_s),
             ("cold_latency_s", d.cold_latency_s),
             ("disk_latency_s", d.disk_latency_s),
+            ("read_cpu_s", d.read_cpu_s),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(invalid(format!(

@@ -483,3 +483,39 @@ fn a_view_keeps_its_base_alive_until_it_is_freed() {
         Err(PlanError::InvalidGraph(_))
     ));
 }
+
+#[test]
+fn each_read_takes_its_cpu_from_the_host_when_issued() {
+    // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
+    // start (depth 2): W0 is in at 1 ms. Each read charges the host's
+    // compute `read_cpu_s` at its issue, one after the other.
+    let run = |read_cpu: f64| {
+        let sim = both_read_from_disk(|host| {
+            host.disk_bytes_per_s = 1e9;
+            host.read_cpu_s = read_cpu;
+        });
+        let charges = records(&sim.timeline, Activity::ReadCpu);
+        let l0 = records(&sim.timeline, Activity::Node)
+            .into_iter()
+            .find(|r| r.index == 1)
+            .unwrap();
+        (charges, l0.start_s, sim.predicted_time_s)
+    };
+    let (none, start, total) = run(0.0);
+    assert!(none.is_empty());
+    assert_close(start, 0.001);
+    // charges that end before W0 is in cost no time, but keep the host busy
+    let (small, small_start, small_total) = run(0.0004);
+    assert_eq!(small.len(), 2);
+    for (k, r) in small.iter().enumerate() {
+        assert_eq!(r.resource, Resource::Compute(0));
+        assert_close(r.start_s, 0.0004 * k as f64);
+        assert_close(r.end_s - r.start_s, 0.0004);
+    }
+    assert_close(small_start, start);
+    assert_close(small_total, total);
+    // longer ones delay the first layer past its weight's arrival
+    let (_, late_start, late_total) = run(0.25);
+    assert_close(late_start, 0.5);
+    assert_close(late_total, total + 0.5 - 0.001);
+}

@@ -249,6 +249,9 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut unknown = host(1);
     unknown.read_slowdown = f64::NAN;
     assert!(device_error(&[unknown]).contains("read_slowdown = NaN"));
+    let mut giving = host(1);
+    giving.read_cpu_s = -1e-5;
+    assert!(device_error(&[giving]).contains("read_cpu_s = -0.00001"));
     let mut nameless = accelerator("", 1);
     nameless.name.clear();
     assert_eq!(

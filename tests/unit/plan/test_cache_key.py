@@ -21,6 +21,7 @@ BASE: dict[str, Any] = {
     "class_flops_per_s": [1e11],
     "disk_latency_s": 4e-4,
     "read_slowdown": 1.5,
+    "read_cpu_s": 5e-5,
     "class_latency_s": [3e-6],
     "cold_latency_s": 2e-6,
 }
@@ -46,6 +47,7 @@ def _key(**changed: Any) -> str:
         {"class_flops_per_s": [2e11]},
         {"disk_latency_s": 1e-4},
         {"read_slowdown": 1.2},
+        {"read_cpu_s": 7e-5},
         {"class_latency_s": [4e-6]},
         {"cold_latency_s": 1e-6},
     ],

@@ -17,7 +17,9 @@ from tests.models import mlp
 from tests.unit.cost_graph.test_cost_graph import capture
 
 
-def _measurements(slowdown: float | None, stream: float | None = None) -> Measurements:
+def _measurements(
+    slowdown: float | None, stream: float | None = None, read_cpu: float | None = None
+) -> Measurements:
     m = nominal_measurements()
     disk = DiskFigures(
         path="/offload",
@@ -34,6 +36,11 @@ def _measurements(slowdown: float | None, stream: float | None = None) -> Measur
             Figure(stream, "B/s", "fake")
             if stream is not None
             else DiskFigures.absent("not measured here").stream
+        ),
+        read_cpu=(
+            Figure(read_cpu, "s", "fake")
+            if read_cpu is not None
+            else DiskFigures.absent("not measured here").read_cpu
         ),
     )
     return dataclasses.replace(m, disk=disk)
@@ -120,3 +127,44 @@ def test_reads_are_costed_at_the_readers_rate_while_streaming_where_measured(
         read_s[stream] = native.busy_fraction["disk->cpu"] * native.predicted_time_s
     # the same bytes read four times slower (and their fixed costs as before)
     assert read_s[2.5e8] > 3 * read_s[None], read_s
+
+
+def test_each_read_is_costed_the_host_compute_it_takes_while_in_flight(tmp_path: Path) -> None:
+    # The reader's hand-offs share the interpreter lock with the calling thread's ops: each
+    # read takes the host's compute disk.read_cpu, charged in the simulation when issued.
+    (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
+    host = _profile(None).devices[0]
+    devices = [PlannedDevice(host, graph.param_bytes // 2)]
+    for read_cpu, charged in ((None, 0.0), (-1e-6, 0.0), (2e-4, 2e-4)):
+        profile = HostProfile.from_measurements(_measurements(None, None, read_cpu), "test")
+        (native,) = native_device_list(devices, profile, graph)
+        assert native.read_cpu_s == charged
+    model, x = mlp(256, 8), torch.randn(16, 256)
+    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
+    charges = {}
+    for read_cpu in (None, 2e-3):
+        path = tmp_path / f"profile-{read_cpu}.json"
+        path.write_text(_measurements(None, None, read_cpu).to_json())
+        with torch.no_grad():
+            compiled = tt.compile(
+                mlp(256, 8),
+                example_inputs=(x,),
+                compiler="eager",
+                profile=str(path),
+                budgets={"cpu": budget},
+                offload_dir=str(tmp_path / "offload"),
+            )
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        native = compiled.graphs[0].plan.native
+        reads = [r for r in native.timeline if r[0] == "disk->cpu" and r[1] == "param"]
+        charged = [r for r in native.timeline if r[1] == "read-cpu"]
+        assert reads
+        charges[read_cpu] = charged
+        n_reads = len(reads)
+        line = "each read costed 2.00 ms of host compute while in flight"
+        assert (line in compiled.explain()) == (read_cpu is not None)
+    assert charges[None] == []
+    # one charge per read, on the host, each its measured figure
+    assert all(r[0] == "cpu" and abs(r[4] - r[3] - 2e-3) < 1e-12 for r in charges[2e-3])
+    assert len(charges[2e-3]) == n_reads

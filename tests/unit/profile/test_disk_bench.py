@@ -98,3 +98,28 @@ def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
     assert rate.unit == "B/s" and rate.value is not None and rate.value > 0
     assert rate.method.endswith("the median of its turns")
     assert slowdown.method.split(": ", 1)[1] in rate.method
+
+
+def test_the_small_read_probe_times_a_segment_with_each_verified_read_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensortorrent_dynamo.io.locations import FileGuard
+    from tensortorrent_dynamo.profile import measure
+
+    checked: list[int] = []
+    verify = FileGuard.verify
+
+    def spy(self: FileGuard, *args: object) -> list[int]:
+        checked.append(1)
+        return verify(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileGuard, "verify", spy)
+    monkeypatch.setattr(measure, "SMALL_READS", 10)
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
+    try:
+        figure = measure.SmallReadProbe(bench).read_cpu()
+    finally:
+        bench.close()
+    assert len(checked) >= measure.SLOWDOWN_TURNS * 10
+    assert figure.unit == "s" and figure.value is not None and 0 <= figure.value < 0.1
+    assert "32.00 KiB" in figure.method and "verified" in figure.method

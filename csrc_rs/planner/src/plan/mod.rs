@@ -567,6 +567,11 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.read_slowdown);
             }
+            if disk_params && d.read_cpu_s > 0.0 {
+                h.str("read_cpu");
+                h.u64(i as u64);
+                h.f64(d.read_cpu_s);
+            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");

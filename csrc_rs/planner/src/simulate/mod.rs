@@ -516,6 +516,17 @@ fn issue_prefetches(
                 host.disk_read_time(bytes as f64)
             };
             queues.last_disk_transfer = transfer;
+            if host.read_cpu_s > 0.0 {
+                // what the read's hand-offs take from the host's compute while it is in
+                // flight, charged when it is issued (before the segment that issues it)
+                queues.run(
+                    Resource::Compute(HOST),
+                    at,
+                    host.read_cpu_s,
+                    Activity::ReadCpu,
+                    q,
+                );
+            }
             let (start, end) = queues.run(Resource::Disk, at, read, Activity::Param, q);
             ready = end;
             if d != HOST {
@@ -836,8 +847,11 @@ impl Workspace {
                 &mut clock.queues,
                 &mut self.seg_ready,
             );
-            // reads issued by the segment for itself (prefetch depth 0) delay it
-            start = start.max(self.seg_ready[su]);
+            // reads issued by the segment for itself (prefetch depth 0) delay it, and
+            // what the reads issued take from the host's compute
+            start = start
+                .max(self.seg_ready[su])
+                .max(clock.queues.free_at(Resource::Compute(dev)));
             // Compared first: two infinite times would subtract to NaN.
             clock.prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
         }

@@ -62,11 +62,14 @@ pub enum Activity {
     Spill,
     /// A spilled value copied back for its next use (index: node).
     Reload,
+    /// The host's compute a disk read takes while in flight
+    /// (`Device::read_cpu_s`; index: parameter).
+    ReadCpu,
 }
 
 impl Activity {
     /// The activity's name: `"node"`, `"param"`, `"value"`, `"output"`,
-    /// `"spill"` or `"reload"`.
+    /// `"spill"`, `"reload"` or `"read-cpu"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -76,6 +79,7 @@ impl Activity {
             Self::Output => "output",
             Self::Spill => "spill",
             Self::Reload => "reload",
+            Self::ReadCpu => "read-cpu",
         }
     }
 }
