@@ -405,7 +405,8 @@ class StreamProbe:
     simulator costed a streamed small batch's compute up to 31% above what it measured; and
     the disk bench's raw reads (4.1-4.5 GB/s there) ran faster than the reader's reads in a
     call (3.4-3.8 GB/s), which the simulator costed reads at, 20-26% under a call's disk time.
-    This loop measured 1.02-1.10x and 3.6-3.9 GB/s there.
+    This loop measured 1.00-1.18x and 3.4-3.9 GB/s there in twelve profiles of the fidelity
+    bench (the disk's own rate 3.3-4.6 GB/s in the same profiles).
     """
 
     def __init__(self, bench: DiskBench, budget: Budget) -> None:
@@ -517,7 +518,7 @@ class SmallReadProbe:
     corpus Llama's disk plan, whose 14 reads of 16-44 KiB come between segments of a few
     ops, computed 1.4-2.5x what the simulator predicted for it, where its compute alone (no
     disk tier) was predicted within 17%. The figure is the segment's median time with a
-    read in flight less its median alone (it measured 50-107 us there).
+    read in flight less its median alone (it measured 11-107 us there, mostly 50-70).
     """
 
     def __init__(self, bench: DiskBench) -> None:
