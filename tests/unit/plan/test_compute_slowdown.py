@@ -50,6 +50,26 @@ def _profile(slowdown: float | None) -> HostProfile:
     return HostProfile.from_measurements(_measurements(slowdown), "test")
 
 
+def _streamed(tmp_path: Path, width: int, measurements: Measurements) -> tt.CompiledModule:
+    """An 8-layer MLP of ``width`` planned with ``measurements`` at half its weights, so
+    that its weights stream from disk, called once and checked against eager."""
+    model, x = mlp(width, 8), torch.randn(16, width)
+    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
+    path = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}.json"
+    path.write_text(measurements.to_json())
+    with torch.no_grad():
+        compiled = tt.compile(
+            mlp(width, 8),
+            example_inputs=(x,),
+            compiler="eager",
+            profile=str(path),
+            budgets={"cpu": budget},
+            offload_dir=str(tmp_path / "offload"),
+        )
+        torch.testing.assert_close(compiled(x), model(x))
+    return compiled
+
+
 def test_the_host_is_given_its_measured_slowdown_and_keeps_its_rates() -> None:
     (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
     host = _profile(2.0).devices[0]
@@ -64,21 +84,10 @@ def test_the_host_is_given_its_measured_slowdown_and_keeps_its_rates() -> None:
 
 
 def test_a_streamed_plan_is_costed_and_explained_with_the_slowdown(tmp_path: Path) -> None:
-    model, x = mlp(256, 8), torch.randn(16, 256)
-    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
     busy, sync = {}, {}
     for slowdown in (1.0, 3.0):
-        path = tmp_path / f"profile-{slowdown}.json"
-        path.write_text(_measurements(slowdown).to_json())
-        options = {"budgets": {"cpu": budget}, "offload_dir": str(tmp_path / "offload")}
-        with torch.no_grad():
-            compiled = tt.compile(
-                mlp(256, 8), example_inputs=(x,), compiler="eager", profile=str(path), **options
-            )
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), model(x))
-        (graph,) = compiled.graphs
-        native = graph.plan.native
+        compiled = _streamed(tmp_path, 256, _measurements(slowdown))
+        native = compiled.graphs[0].plan.native
         busy[slowdown] = native.busy_fraction["cpu"] * native.predicted_time_s
         (sync_plan,) = [c for c in native.candidates if c.name.endswith("knapsack-sync")]
         sync[slowdown] = sync_plan.predicted_time_s
@@ -104,21 +113,10 @@ def test_reads_are_costed_at_the_readers_rate_while_streaming_where_measured(
         assert profile.disk_read_bytes_per_s == 1e9
         (native,) = native_device_list(devices, profile, graph)
         assert native.disk_bytes_per_s == rate
-    model, x = mlp(1024, 8), torch.randn(16, 1024)  # 4 MiB reads: their bytes dominate
-    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
     read_s = {}
     for stream in (None, 2.5e8):
-        path = tmp_path / f"profile-{stream}.json"
-        path.write_text(_measurements(None, stream).to_json())
-        with torch.no_grad():
-            compiled = tt.compile(
-                mlp(1024, 8),
-                example_inputs=(x,),
-                compiler="eager",
-                profile=str(path),
-                budgets={"cpu": budget},
-                offload_dir=str(tmp_path / "offload"),
-            )
+        # 4 MiB reads: their bytes dominate their fixed costs
+        compiled = _streamed(tmp_path, 1024, _measurements(None, stream))
         text = compiled.explain()
         source = "disk.stream" if stream else "disk.read"
         rate_text = "250.00 MB/s" if stream else "1.00 GB/s"
@@ -139,23 +137,9 @@ def test_each_read_is_costed_the_host_compute_it_takes_while_in_flight(tmp_path:
         profile = HostProfile.from_measurements(_measurements(None, None, read_cpu), "test")
         (native,) = native_device_list(devices, profile, graph)
         assert native.read_cpu_s == charged
-    model, x = mlp(256, 8), torch.randn(16, 256)
-    budget = sum(p.numel() * 4 for p in model.parameters()) // 2
     charges = {}
     for read_cpu in (None, 2e-3):
-        path = tmp_path / f"profile-{read_cpu}.json"
-        path.write_text(_measurements(None, None, read_cpu).to_json())
-        with torch.no_grad():
-            compiled = tt.compile(
-                mlp(256, 8),
-                example_inputs=(x,),
-                compiler="eager",
-                profile=str(path),
-                budgets={"cpu": budget},
-                offload_dir=str(tmp_path / "offload"),
-            )
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), model(x))
+        compiled = _streamed(tmp_path, 256, _measurements(None, None, read_cpu))
         native = compiled.graphs[0].plan.native
         reads = [r for r in native.timeline if r[0] == "disk->cpu" and r[1] == "param"]
         charged = [r for r in native.timeline if r[1] == "read-cpu"]

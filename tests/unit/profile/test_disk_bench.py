@@ -69,13 +69,10 @@ def test_measure_host_times_ops_as_calls_run_them_even_inside_a_compile(
     assert seen and not any(seen)
 
 
-def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The runtime checks every block it reads from disk on a thread of its own, CPU time
-    # that compute shares the cores with: the stream is measured with that work in it.
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry for each check of a guarded read's blocks made from now on."""
     from tensortorrent_dynamo.io.locations import FileGuard
-    from tensortorrent_dynamo.profile import measure
 
     checked: list[int] = []
     verify = FileGuard.verify
@@ -85,6 +82,16 @@ def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
         return verify(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(FileGuard, "verify", spy)
+    return checked
+
+
+def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
+    tmp_path: Path, checks: list[int]
+) -> None:
+    # The runtime checks every block it reads from disk on a thread of its own, CPU time
+    # that compute shares the cores with: the stream is measured with that work in it.
+    from tensortorrent_dynamo.profile import measure
+
     bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
     try:
         probe = measure.StreamProbe(bench, measure.BUDGETS["quick"])
@@ -92,7 +99,7 @@ def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
     finally:
         bench.close()
     # untimed turn, then the timed ones: every read of each verified
-    assert len(checked) >= (measure.SLOWDOWN_TURNS + 1) * measure.STREAM_READS
+    assert len(checks) >= (measure.SLOWDOWN_TURNS + 1) * measure.STREAM_READS
     assert slowdown.value is not None and slowdown.value > 0 and "verified" in slowdown.method
     # both figures from the one stream: the rate is its reads' bytes over its time
     assert rate.unit == "B/s" and rate.value is not None and rate.value > 0
@@ -101,25 +108,16 @@ def test_the_stream_probe_reads_are_verified_as_the_runtimes_are(
 
 
 def test_the_small_read_probe_times_a_segment_with_each_verified_read_in_flight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, checks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tensortorrent_dynamo.io.locations import FileGuard
     from tensortorrent_dynamo.profile import measure
 
-    checked: list[int] = []
-    verify = FileGuard.verify
-
-    def spy(self: FileGuard, *args: object) -> list[int]:
-        checked.append(1)
-        return verify(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(FileGuard, "verify", spy)
     monkeypatch.setattr(measure, "SMALL_READS", 10)
     bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
     try:
         figure = measure.SmallReadProbe(bench).read_cpu()
     finally:
         bench.close()
-    assert len(checked) >= measure.SLOWDOWN_TURNS * 10
+    assert len(checks) >= measure.SLOWDOWN_TURNS * 10
     assert figure.unit == "s" and figure.value is not None and 0 <= figure.value < 0.1
     assert "32.00 KiB" in figure.method and "verified" in figure.method
