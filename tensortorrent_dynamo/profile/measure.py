@@ -305,6 +305,26 @@ def _weights(n: int, count: int, device: str, dtype: torch.dtype) -> list[torch.
     return [torch.full((n, n), 0.5, device=device, dtype=dtype).t() for _ in range(count)]
 
 
+def _cycling_matmul(
+    device: str, dtype: torch.dtype, rows: int, n: int
+) -> tuple[Callable[[], None], int]:
+    """A call of ``torch.mm`` of a ``rows`` x n matrix by the next of enough n x n weights
+    (``_weights``) to exceed the caches (``ROWS_WEIGHT_BYTES``), and how many weights."""
+    kind = "cpu" if device == "cpu" else "cuda"
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
+    weights = _weights(n, copies, device, dtype)
+    a = torch.randn(rows, n, device=device).to(dtype)
+    out = torch.empty(rows, n, device=device, dtype=dtype)
+    turn = [0]
+
+    def call() -> None:
+        torch.mm(a, weights[turn[0]], out=out)
+        turn[0] = (turn[0] + 1) % copies
+
+    return call, copies
+
+
 def matmul_rows_sizes(device: str, budget: Budget) -> tuple[int, ...]:
     """The rows the few-row matmul figures of ``device`` are measured at: the mode's, then
     the square size, the same way (the weights too large for the caches)."""
@@ -323,18 +343,8 @@ def matmul_rows_flops(
     given."""
     name = dtype_name(dtype)
     n = n or square_n(device, budget)
-    kind = "cpu" if device == "cpu" else "cuda"
     itemsize = torch.empty((), dtype=dtype).element_size()
-    copies = max(1, -(-ROWS_WEIGHT_BYTES[kind] // (n * n * itemsize)))
-    weights = _weights(n, copies, device, dtype)
-    a = torch.randn(rows, n, device=device).to(dtype)
-    out = torch.empty(rows, n, device=device, dtype=dtype)
-    turn = [0]
-
-    def call() -> None:
-        torch.mm(a, weights[turn[0]], out=out)
-        turn[0] = (turn[0] + 1) % copies
-
+    call, copies = _cycling_matmul(device, dtype, rows, n)
     per_call, calls = time_per_call(call, _sync((device,)), budget)
     return Figure(
         value=2 * rows * n * n / per_call,
@@ -412,7 +422,7 @@ class StreamProbe:
     def __init__(self, bench: DiskBench, budget: Budget) -> None:
         self._bench = bench
         self._budget = budget
-        self._figures: tuple[Figure, Figure] | None = None
+        self._figures: tuple[Figure, Figure] | BaseException | None = None
 
     def rate(self) -> Figure:
         """Bytes per second of the stream's reads (``disk.stream``)."""
@@ -424,7 +434,12 @@ class StreamProbe:
 
     def _measure(self) -> tuple[Figure, Figure]:
         if self._figures is None:
-            self._figures = self._run()
+            try:
+                self._figures = self._run()
+            except BaseException as exc:  # both figures fail with it, the stream run once
+                self._figures = exc
+        if isinstance(self._figures, BaseException):
+            raise self._figures
         return self._figures
 
     def _run(self) -> tuple[Figure, Figure]:
@@ -432,15 +447,7 @@ class StreamProbe:
         pieces = _guarded_pieces(self._bench, min(self._bench.nbytes, DEFAULT_CHUNK_BYTES))
         piece = pieces[0].nbytes
         n = max(1, math.isqrt(piece // 4))  # a float32 weight of the read's size
-        copies = max(1, -(-ROWS_WEIGHT_BYTES["cpu"] // (n * n * 4)))
-        weights = _weights(n, copies, "cpu", torch.float32)
-        a = torch.randn(SLOWDOWN_ROWS, n)
-        out = torch.empty(SLOWDOWN_ROWS, n)
-        turn = [0]
-
-        def call() -> None:
-            torch.mm(a, weights[turn[0]], out=out)
-            turn[0] = (turn[0] + 1) % copies
+        call, copies = _cycling_matmul("cpu", torch.float32, SLOWDOWN_ROWS, n)
 
         def stream(reader: DiskReader, pool: HostBufferPool) -> tuple[float, float]:
             """Seconds of one turn of the stream, and its median matmul's."""
