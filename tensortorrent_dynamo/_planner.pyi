@@ -103,6 +103,10 @@ class Device:
     ``node_kinds``), beyond the ops' fixed costs (0, the default, is not modelled).
     ``read_cpu_s`` is the host's compute each disk read takes while in flight, charged on
     the host when the read is issued (used on the host; 0, the default, is not modelled).
+    A read of a parameter of at most ``inline_read_bytes`` is made by the host's calling
+    thread when issued: the host computes nothing for ``inline_read_s`` plus its bytes over
+    ``disk_bytes_per_s``, and it queues behind no other read (used on the host; 0, the
+    default, hands every read to the reader's threads).
     """
 
     def __new__(
@@ -123,6 +127,8 @@ class Device:
         class_latency_s: Sequence[float] = ...,
         cold_latency_s: float = ...,
         read_cpu_s: float = ...,
+        inline_read_bytes: int = ...,
+        inline_read_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -176,6 +182,14 @@ class Device:
     def read_cpu_s(self) -> float:
         """Seconds of the host's compute each disk read takes while in flight, used on the
         host (0: not modelled)."""
+    @property
+    def inline_read_bytes(self) -> int:
+        """A disk read of a parameter of at most this many bytes is made by the host's
+        calling thread, used on the host (0: every read is handed on)."""
+    @property
+    def inline_read_s(self) -> float:
+        """Fixed cost of a read the host's calling thread makes, beyond its bytes over the
+        disk rate, used on the host."""
 
 @final
 class Candidate:

@@ -37,6 +37,7 @@ from .pool import HostBufferPool, read_buffer_bytes
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_READ_THREADS",
+    "INLINE_READ_BYTES",
     "MIN_REQUEST_BYTES",
     "READ_HANDOFF_S",
     "VERIFY_THREADS",
@@ -65,6 +66,17 @@ MIN_REQUEST_BYTES = 2**20
 # its reads of a few KiB come while the calling thread runs many small ops, and took 0.75
 # ms each. A verified 4 MiB read one at a time takes about 0.4 ms beyond its bytes too.
 READ_HANDOFF_S = 4e-4
+# A read of a tensor of at most this many bytes is read by the thread that submits it, and
+# checked there: its hand-offs to a reader thread, to the verifier and back cost that thread
+# about as much as the read itself and made the read's time depend on when the thread let
+# them run. On the 2-core development machine, a verified read waited for at once took
+# 119 / 133 / 155 / 181 us through the threads (4 / 32 / 64 / 128 KiB) and 59 / 74 / 92 /
+# 121 us on the calling thread (a 1 MiB one 778 and 682); the corpus Llama at half its
+# weights (14 reads of 16-44 KiB) took 3.67 ms a call (quartiles 3.61-3.72) reading them
+# here against 4.87 (3.76-7.72) through the threads, 40 calls each, in turn. A read in
+# flight on the threads still takes some of the calling thread's time (``disk.read_cpu``,
+# about 60 us), so a larger read, whose time could hide behind compute, keeps them.
+INLINE_READ_BYTES = 64 * 2**10
 
 
 @dataclasses.dataclass
@@ -145,7 +157,9 @@ class DiskReader:
     never uses it. A read is split into requests that the ``threads`` share, so that one
     tensor keeps every thread's request in flight at the disk: at most ``chunk_bytes``
     each, and smaller for a read under ``threads * chunk_bytes`` (a 16 MiB read is four
-    4 MiB requests with 4 threads, not one), down to ``MIN_REQUEST_BYTES``.
+    4 MiB requests with 4 threads, not one), down to ``MIN_REQUEST_BYTES``. A tensor of at
+    most ``inline_bytes`` (default ``INLINE_READ_BYTES``) is read and checked by the thread
+    that submits it, before ``submit`` returns; 0 sends every read to the threads.
 
     Reading ``bench.ram_offload``'s 36 streamed 16 MiB chunks (604 MB) cold with
     ``O_DIRECT`` from its checkpoint on the ext4 virtual disk of the 2-core development
@@ -173,6 +187,7 @@ class DiskReader:
         threads: int = DEFAULT_READ_THREADS,
         direct: bool | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        inline_bytes: int = INLINE_READ_BYTES,
     ) -> None:
         if threads < 1:
             raise ValueError(f"a DiskReader needs at least one thread, got {threads}")
@@ -184,6 +199,7 @@ class DiskReader:
         self.direct = direct
         self.threads = threads
         self.chunk_bytes = chunk_bytes
+        self.inline_bytes = inline_bytes
         self._executor = worker_pool(threads, "tensortorrent-disk")
         self._verifier = worker_pool(VERIFY_THREADS, "tensortorrent-verify")
         self._lock = threading.Lock()
@@ -229,6 +245,7 @@ class DiskReader:
 
     def submit(self, loc: TensorLocation) -> concurrent.futures.Future[ReadResult]:
         """Start reading ``loc``; the future's result holds the tensor and its pool buffer.
+        A tensor of at most ``inline_bytes`` is read (and checked) before this returns.
 
         With ``O_DIRECT`` the enclosing page-aligned range is read (a tensor inside a
         safetensors file seldom starts on a page) and the tensor is a view at its offset.
@@ -271,6 +288,14 @@ class DiskReader:
             for start in range(first, last if loc.nbytes else first, max(step, PAGE_BYTES))
         ]
         job.remaining = len(spans)
+        if spans and loc.nbytes <= self.inline_bytes:
+            # read here, in one request, and checked here too: the hand-offs would cost
+            # this thread more than the read itself
+            try:
+                self._read_into(job, first, last)
+            except BaseException as exc:
+                job.error = exc
+            spans = []
         if not spans:
             self._complete(job)
         for start, stop in spans:

@@ -57,6 +57,8 @@ def key(
                 d.disk_latency_s,
                 d.read_slowdown,
                 d.read_cpu_s,
+                d.inline_read_bytes,
+                d.inline_read_s,
                 d.cold_latency_s,
                 list(d.class_flops_per_s),
                 list(d.class_latency_s),

@@ -21,6 +21,7 @@ from .._native import native_planner
 from ..cost_graph import CostGraph, RateKey
 from ..errors import InvalidPlacement, PlanInfeasible
 from ..io.pool import read_buffer_bytes
+from ..io.reader import INLINE_READ_BYTES
 from ..profile import DeviceProfile, HostProfile
 from ..settings import Settings
 from . import cache as plan_cache
@@ -414,6 +415,9 @@ def native_device_list(
                 profile.compute_slowdown_while_reading if d.profile.is_host and has_params else 1.0
             ),
             read_cpu_s=profile.read_cpu_s if d.profile.is_host and has_params else 0.0,
+            # the runtime's reader makes these reads on the calling thread
+            inline_read_bytes=INLINE_READ_BYTES if d.profile.is_host and has_params else 0,
+            inline_read_s=profile.inline_read_s if d.profile.is_host and has_params else 0.0,
         )
         for d in devices
     ]

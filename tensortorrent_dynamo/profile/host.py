@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import WIDE_ROWS_N, Figure, Measurements
+from .schema import INLINE_PROBE_BYTES, WIDE_ROWS_N, Figure, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -225,6 +225,18 @@ class HostProfile:
         (``disk.read_cpu``): measured, else 0 (not modelled)."""
         value = self.measurements.disk.read_cpu.value if self.measurements else None
         return max(0.0, value) if value else 0.0
+
+    @property
+    def inline_read_s(self) -> float:
+        """The fixed cost of a read the calling thread makes itself (a tensor of at most
+        ``io.reader.INLINE_READ_BYTES``), beyond its bytes at the planned rate: the measured
+        time of such a verified read (``disk.read_inline``) less its bytes at that rate,
+        else the disk's latency."""
+        value = self.measurements.disk.read_inline.value if self.measurements else None
+        if value:
+            return max(0.0, value - INLINE_PROBE_BYTES / self.planned_disk_read_bytes_per_s)
+        measured = self.disk_latency_s
+        return NOMINAL_DISK_LATENCY_S if measured is None else measured
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

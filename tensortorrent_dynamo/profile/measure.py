@@ -25,11 +25,12 @@ from ..compiling.direct import direct_calls
 from ..errors import OffloadError
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
-from ..io.reader import DEFAULT_CHUNK_BYTES, DiskReader, ReadResult
+from ..io.reader import DEFAULT_CHUNK_BYTES, INLINE_READ_BYTES, DiskReader, ReadResult
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
 from .schema import (
+    INLINE_PROBE_BYTES,
     WIDE_ROWS_N,
     DeviceFigures,
     DiskFigures,
@@ -502,21 +503,23 @@ class StreamProbe:
         )
 
 
-SMALL_READ_BYTES = 32 * 2**10
-"""The size of ``SmallReadProbe``'s reads: a small model's weight (the corpus's tiny
-decoders stream weights of 16-44 KiB)."""
+SMALL_READ_BYTES = 2 * INLINE_READ_BYTES
+"""The size of ``SmallReadProbe``'s reads in flight: a small weight, of about the smallest
+size the runtime hands to the reader's threads (``io.reader.INLINE_READ_BYTES``)."""
 SMALL_READS = 200
 """Reads of one turn of ``SmallReadProbe``."""
 SMALL_SEGMENT_REPEATS = 4
 """Times ``SmallReadProbe``'s segment runs its five ops (about 55 us on the 2-core
 development machine, a small streamed segment's time)."""
+_SEGMENT_OPS = 5 * SMALL_SEGMENT_REPEATS
 
 
 class SmallReadProbe:
     """What a small read through the disk reader takes from the host's compute while in
     flight (``disk.read_cpu``), as a plan streaming a small model's weights reads them: one
     at a time, each submitted just before a short segment of small ops runs on the calling
-    thread, then waited for.
+    thread, then waited for; and the time of a read small enough for the calling thread to
+    make itself (``disk.read_inline``).
 
     The reader's threads hand a read on, read it and check it under the interpreter lock
     the calling thread's ops take between them: on the 2-core development machine a
@@ -525,7 +528,11 @@ class SmallReadProbe:
     corpus Llama's disk plan, whose 14 reads of 16-44 KiB come between segments of a few
     ops, computed 1.4-2.5x what the simulator predicted for it, where its compute alone (no
     disk tier) was predicted within 17%. The figure is the segment's median time with a
-    read in flight less its median alone (it measured 11-107 us there, mostly 50-70).
+    read in flight less its median alone (it measured 11-107 us there with reads of 32 KiB,
+    mostly 50-70). Reads that small are now made by the calling thread
+    (``io.reader.INLINE_READ_BYTES``): ``disk.read_inline`` is the median time of a verified
+    32 KiB read made so, each right after the segment runs (the ops between two reads slow
+    them: there 89 us after no op, 108 after 60 and 161 after 300).
     """
 
     def __init__(self, bench: DiskBench) -> None:
@@ -536,21 +543,11 @@ class SmallReadProbe:
         piece = min(self._bench.nbytes, SMALL_READ_BYTES)
         # a piece every MiB: no read is of a block a read before it just brought in
         pieces = _guarded_pieces(self._bench, piece, max(piece, 2**20))
-        x = torch.randn(16, 64)
-        w = torch.randn(128, 64)
-
-        def segment() -> None:
-            for _ in range(SMALL_SEGMENT_REPEATS):
-                t = torch.ops.aten.t.default(w)
-                mm = torch.ops.aten.mm.default(x, t)
-                v = torch.ops.aten._unsafe_view.default(mm, [2, 8, 128])
-                torch.ops.aten.silu.default(v)
-                torch.ops.aten.view.default(x, [16, 64])
-
+        segment = _small_segment()
         alone: list[float] = []
         flying: list[float] = []
         pool = HostBufferPool()
-        with DiskReader(pool) as reader:
+        with DiskReader(pool, inline_bytes=0) as reader:
             for _ in range(20):  # untimed: the threads, the pool and the ops start cold
                 segment()
                 pool.give(reader.submit(pieces[0]).result().buffer)
@@ -575,12 +572,60 @@ class SmallReadProbe:
                 f"({statistics.median(alone) * 1e6:.0f} us): {SMALL_READS} reads of "
                 f"{format_bytes(piece)} of the disk bench's file one at a time through a "
                 "DiskReader, each verified as the runtime's are, submitted just before the "
-                f"segment ({5 * SMALL_SEGMENT_REPEATS} small ops: t, mm, views, silu on 16x64 "
-                "and 128x64 float32) runs on the calling thread, then waited for, the "
+                f"segment ({_SEGMENT_OPS} small ops: t, mm, views, silu on 16x64 and 128x64 "
+                "float32) runs on the calling thread, then waited for, the "
                 f"segment also timed alone before each; {SLOWDOWN_TURNS} turns, the median "
                 "of each turn's medians"
             ),
         )
+
+    def read_inline(self) -> Figure:
+        """Seconds a small read takes the thread that makes it itself (``disk.read_inline``)."""
+        piece = min(self._bench.nbytes, INLINE_PROBE_BYTES)
+        pieces = _guarded_pieces(self._bench, piece, max(piece, 2**20))
+        segment = _small_segment()
+        medians: list[float] = []
+        pool = HostBufferPool()
+        with DiskReader(pool, inline_bytes=piece) as reader:
+            for i in range(20):  # untimed: the pool, the file and the ops start cold
+                segment()
+                pool.give(reader.submit(pieces[i % len(pieces)]).result().buffer)
+            for turn in range(SLOWDOWN_TURNS):
+                times = []
+                for i in range(SMALL_READS):
+                    segment()
+                    begin = time.perf_counter()
+                    read = reader.submit(pieces[(turn * SMALL_READS + i) % len(pieces)])
+                    times.append(time.perf_counter() - begin)
+                    pool.give(read.result().buffer)
+                medians.append(statistics.median(times))
+        return Figure(
+            value=statistics.median(medians),
+            unit="s",
+            method=(
+                f"{SMALL_READS} reads of {format_bytes(piece)} of the disk bench's file, each "
+                "at another MiB, made by the calling thread through a DiskReader and verified "
+                f"as the runtime's are, each after the segment of {_SEGMENT_OPS} small ops "
+                f"runs; {SLOWDOWN_TURNS} turns, the median of each turn's medians"
+            ),
+        )
+
+
+def _small_segment() -> Callable[[], None]:
+    """A segment of ``_SEGMENT_OPS`` small ops, as a small model's streamed plan runs
+    between two reads."""
+    x = torch.randn(16, 64)
+    w = torch.randn(128, 64)
+
+    def segment() -> None:
+        for _ in range(SMALL_SEGMENT_REPEATS):
+            t = torch.ops.aten.t.default(w)
+            mm = torch.ops.aten.mm.default(x, t)
+            v = torch.ops.aten._unsafe_view.default(mm, [2, 8, 128])
+            torch.ops.aten.silu.default(v)
+            torch.ops.aten.view.default(x, [16, 64])
+
+    return segment
 
 
 def memory_bandwidth(device: str, budget: Budget) -> Figure:
@@ -883,6 +928,7 @@ def _plan_disk(
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
         _Step(("disk", "stream"), "disk reads while the cpu computes", "B/s", probe.rate),
         _Step(("disk", "read_cpu"), "cpu taken by small disk reads", "s", small.read_cpu),
+        _Step(("disk", "read_inline"), "small disk reads made inline", "s", small.read_inline),
         _Step(
             ("disk", "compute_slowdown"), "cpu matmul while reading the disk", "x", probe.slowdown
         ),
@@ -1045,6 +1091,7 @@ def measure_host(
             compute_slowdown=results[("disk", "compute_slowdown")],
             stream=results[("disk", "stream")],
             read_cpu=results[("disk", "read_cpu")],
+            read_inline=results[("disk", "read_inline")],
         )
     else:
         assert absent_disk is not None

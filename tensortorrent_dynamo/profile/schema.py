@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 9
+METHODS_REVISION = 10
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -31,8 +31,16 @@ attention's rate is measured, ``DeviceFigures.attention``; 8: the disk's reads l
 memory the runtime reads into, ``io.pool.direct_io_memory``; 9: the compute slowdown is
 timed on a stream of reads as the runtime's, which gives the reader's rate too,
 ``DiskFigures.stream``, ``measure.StreamProbe``, and what a small read takes from the host's
-compute while in flight is measured, ``measure.SmallReadProbe``): a cached short
-profile of an older revision is measured again. A file without one is revision 1."""
+compute while in flight is measured, ``measure.SmallReadProbe``; 10: a small read the
+calling thread makes itself is timed, ``DiskFigures.read_inline``, and the reads in flight
+that the small-read probe times are of a size the reader hands to its threads,
+``io.reader.INLINE_READ_BYTES``): a cached short profile of an older revision is measured
+again. A file without one is revision 1."""
+
+INLINE_PROBE_BYTES = 32 * 2**10
+"""The size of the reads ``disk.read_inline`` times (``measure.SmallReadProbe``), half the
+largest a calling thread makes itself (``io.reader.INLINE_READ_BYTES``): the planner takes
+the figure less these bytes at its read rate as such a read's fixed cost."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -63,8 +71,8 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream`` or ``disk.read_cpu``: it was
-measured before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream``, ``disk.read_cpu`` or
+``disk.read_inline``: it was measured before the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +344,11 @@ class DiskFigures:
         default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
     )
     """The host's compute a read takes while in flight (``measure.SmallReadProbe``)."""
+    read_inline: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
+    )
+    """The fixed time of a small read the calling thread makes itself, beyond its bytes at
+    the disk's rate (``measure.SmallReadProbe``, ``io.reader.INLINE_READ_BYTES``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -347,6 +360,7 @@ class DiskFigures:
             "compute_slowdown": self.compute_slowdown.to_dict(),
             "stream": self.stream.to_dict(),
             "read_cpu": self.read_cpu.to_dict(),
+            "read_inline": self.read_inline.to_dict(),
         }
 
     @classmethod
@@ -361,6 +375,7 @@ class DiskFigures:
             compute_slowdown=_optional(data, "compute_slowdown", "x", where),
             stream=_optional(data, "stream", "B/s", where),
             read_cpu=_optional(data, "read_cpu", "s", where),
+            read_inline=_optional(data, "read_inline", "s", where),
         )
 
     @classmethod
@@ -375,6 +390,7 @@ class DiskFigures:
             compute_slowdown=Figure.absent("x", reason),
             stream=Figure.absent("B/s", reason),
             read_cpu=Figure.absent("s", reason),
+            read_inline=Figure.absent("s", reason),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..io.reader import INLINE_READ_BYTES
 from ..plan.planner import (
     RATE_DTYPES,
     attention_rate,
@@ -218,9 +219,11 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     read = [i for i in on_disk if plan.residency[i].streams]
     kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
+    inline = [i for i in read if params[i].nbytes <= INLINE_READ_BYTES]
     rate = graph.profile.planned_disk_read_bytes_per_s
     latency = graph.profile.planned_disk_latency_s
-    planned = len(read) * latency + read_bytes / rate
+    inline_s = graph.profile.inline_read_s
+    planned = (len(read) - len(inline)) * latency + len(inline) * inline_s + read_bytes / rate
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
@@ -228,11 +231,19 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"{format_seconds(latency)} a read",
         f"    read rate from {graph.profile.planned_disk_read_source}",
     ]
-    read_cpu = graph.profile.read_cpu_s
-    if read_cpu > 0 and read:
+    if inline:
         lines.append(
-            f"    each read costed {format_seconds(read_cpu)} of host compute while in flight "
-            "(profile disk.read_cpu: the reader's hand-offs share the interpreter lock)"
+            f"    {len(inline)} of {len(read)} reads, of at most "
+            f"{format_bytes(INLINE_READ_BYTES)}, made by the calling thread at "
+            f"{format_seconds(inline_s)} each (profile disk.read_inline): the host computes "
+            "nothing meanwhile"
+        )
+    read_cpu = graph.profile.read_cpu_s
+    if read_cpu > 0 and len(inline) < len(read):
+        lines.append(
+            f"    each read handed to the reader's threads costed {format_seconds(read_cpu)} of "
+            "host compute while in flight (profile disk.read_cpu: their hand-offs share the "
+            "interpreter lock)"
         )
     slowdown = graph.profile.compute_slowdown_while_reading
     if slowdown > 1 and read:

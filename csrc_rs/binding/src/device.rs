@@ -30,6 +30,8 @@ impl PyDevice {
         class_latency_s = Vec::new(),
         cold_latency_s = 0.0,
         read_cpu_s = 0.0,
+        inline_read_bytes = 0,
+        inline_read_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -47,6 +49,8 @@ impl PyDevice {
         class_latency_s: Vec<f64>,
         cold_latency_s: f64,
         read_cpu_s: f64,
+        inline_read_bytes: u64,
+        inline_read_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -65,6 +69,8 @@ impl PyDevice {
                 disk_latency_s,
                 read_slowdown,
                 read_cpu_s,
+                inline_read_bytes,
+                inline_read_s,
             },
         }
     }
@@ -167,12 +173,26 @@ impl PyDevice {
         self.inner.read_cpu_s
     }
 
+    /// A disk read of a parameter of at most this many bytes is made by the
+    /// host's calling thread, used on the host (0: every read is handed on).
+    #[getter]
+    fn inline_read_bytes(&self) -> u64 {
+        self.inner.inline_read_bytes
+    }
+
+    /// Fixed cost of a read the host's calling thread makes, beyond its
+    /// bytes over the disk rate, used on the host.
+    #[getter]
+    fn inline_read_s(&self) -> f64 {
+        self.inner.inline_read_s
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -201,6 +221,15 @@ impl PyDevice {
             },
             if d.read_cpu_s > 0.0 {
                 format!(", read_cpu_s={}", float_repr(d.read_cpu_s))
+            } else {
+                String::new()
+            },
+            if d.inline_read_bytes > 0 {
+                format!(
+                    ", inline_read_bytes={}, inline_read_s={}",
+                    d.inline_read_bytes,
+                    float_repr(d.inline_read_s)
+                )
             } else {
                 String::new()
             }

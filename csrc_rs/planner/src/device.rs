@@ -65,6 +65,18 @@ pub struct Device {
     /// on the host's compute queue when the read is issued. Only the host's
     /// is used; 0 means "not modelled".
     pub read_cpu_s: f64,
+    /// A disk read of a parameter of at most this many bytes is made by the
+    /// host's calling thread when issued, not handed to the reader's threads
+    /// (their hand-offs would cost it more than the read): the host computes
+    /// nothing while it lasts (`inline_read_s` plus its bytes over
+    /// `disk_bytes_per_s`), it takes no `read_cpu_s`, and it does not queue
+    /// behind the reads in flight. Only the host's is used; 0 means every
+    /// read is handed on.
+    pub inline_read_bytes: u64,
+    /// Fixed cost of a read the calling thread makes itself (see
+    /// `inline_read_bytes`), in seconds, beyond its bytes over
+    /// `disk_bytes_per_s`. Only the host's is used.
+    pub inline_read_s: f64,
 }
 
 impl Device {
@@ -96,6 +108,28 @@ impl Device {
             disk_latency_s: 0.0,
             read_slowdown: 1.0,
             read_cpu_s: 0.0,
+            inline_read_bytes: 0,
+            inline_read_s: 0.0,
+        }
+    }
+
+    /// Whether this device (the host) reads a parameter of `bytes` from the
+    /// disk tier on its calling thread (see `inline_read_bytes`).
+    #[must_use]
+    pub fn reads_inline(&self, bytes: f64) -> bool {
+        self.inline_read_bytes > 0 && bytes <= self.inline_read_bytes as f64
+    }
+
+    /// The fixed cost of this device's (the host's) read of a parameter of
+    /// `bytes` from the disk tier, beyond its bytes over the read rate:
+    /// `inline_read_s` for a read the calling thread makes, else
+    /// `disk_latency_s`.
+    #[must_use]
+    pub fn read_fixed_s(&self, bytes: f64) -> f64 {
+        if self.reads_inline(bytes) {
+            self.inline_read_s
+        } else {
+            self.disk_latency_s
         }
     }
 
@@ -103,7 +137,7 @@ impl Device {
     /// from the disk tier: its fixed cost plus the bytes over the read rate.
     #[must_use]
     pub fn disk_read_time(&self, bytes: f64) -> f64 {
-        self.disk_latency_s + bytes / self.disk_bytes_per_s
+        self.read_fixed_s(bytes) + bytes / self.disk_bytes_per_s
     }
 
     /// The compute rate of rate class `class` (see `class_flops_per_s`).
@@ -247,6 +281,7 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             ("cold_latency_s", d.cold_latency_s),
             ("disk_latency_s", d.disk_latency_s),
             ("read_cpu_s", d.read_cpu_s),
+            ("inline_read_s", d.inline_read_s),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(invalid(format!(

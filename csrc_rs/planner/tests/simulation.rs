@@ -519,3 +519,51 @@ fn each_read_takes_its_cpu_from_the_host_when_issued() {
     assert_close(late_start, 0.5);
     assert_close(late_total, total + 0.5 - 0.001);
 }
+
+#[test]
+fn a_small_read_is_made_by_the_calling_thread_when_issued() {
+    // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
+    // start (depth 2).
+    let run = |inline_bytes: u64| {
+        let sim = both_read_from_disk(|host| {
+            host.disk_bytes_per_s = 1e9;
+            host.disk_latency_s = 0.0005;
+            host.read_cpu_s = 0.0004;
+            host.inline_read_bytes = inline_bytes;
+            host.inline_read_s = 0.0002;
+        });
+        let l0 = records(&sim.timeline, Activity::Node)
+            .into_iter()
+            .find(|r| r.index == 1)
+            .unwrap();
+        (sim, l0.start_s)
+    };
+    // Made by the calling thread: each holds the host for 0.2 ms plus its
+    // bytes, the second issued once the first is in, and neither is charged
+    // the hand-offs' `read_cpu_s`; the first layer starts after both.
+    let (inline, start) = run(1_000_000);
+    let reads = records(&inline.timeline, Activity::Param);
+    assert_eq!(reads.len(), 2);
+    for (k, r) in reads.iter().enumerate() {
+        assert_eq!(r.resource, Resource::Disk);
+        assert_close(r.start_s, 0.0012 * k as f64);
+        assert_close(r.end_s, 0.0012 * (k + 1) as f64);
+    }
+    assert!(records(&inline.timeline, Activity::ReadCpu).is_empty());
+    assert_close(start, 0.0024);
+    assert_close(inline.predicted_time_s, 0.0024 + 2.0);
+    let disk_busy = |sim: &Simulation| {
+        sim.busy_s
+            .iter()
+            .find(|&&(r, _)| r == Resource::Disk)
+            .unwrap()
+            .1
+    };
+    assert_close(disk_busy(&inline), 0.0024);
+    // A byte over: handed to the reader's threads, each charged `read_cpu_s`,
+    // and the first layer waits for its own weight only (0.5 ms + 1 ms).
+    let (handed, start) = run(999_999);
+    assert_eq!(records(&handed.timeline, Activity::ReadCpu).len(), 2);
+    assert_close(start, 0.0015);
+    assert_close(disk_busy(&handed), 0.0025);
+}

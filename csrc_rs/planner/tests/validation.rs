@@ -252,6 +252,9 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut giving = host(1);
     giving.read_cpu_s = -1e-5;
     assert!(device_error(&[giving]).contains("read_cpu_s = -0.00001"));
+    let mut early = host(1);
+    early.inline_read_s = -1e-5;
+    assert!(device_error(&[early]).contains("inline_read_s = -0.00001"));
     let mut nameless = accelerator("", 1);
     nameless.name.clear();
     assert_eq!(

@@ -17,7 +17,7 @@ import torch
 from tensortorrent_dynamo.errors import OffloadCorruptError, OffloadError
 from tensortorrent_dynamo.io.locations import FileGuard, TensorLocation
 from tensortorrent_dynamo.io.pool import HostBufferPool
-from tensortorrent_dynamo.io.reader import DiskReader
+from tensortorrent_dynamo.io.reader import INLINE_READ_BYTES, DiskReader
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 
 PAGE = 4096
@@ -39,11 +39,14 @@ SPANS = [(0, 1), (0, PAGE), (1, PAGE), (PAGE - 1, 2), (100, 3 * PAGE + 7), (5000
 FILE_BYTES = 45000
 
 
+@pytest.mark.parametrize("inline_bytes", [0, INLINE_READ_BYTES], ids=["threads", "inline"])
 @pytest.mark.parametrize("direct", [True, False, None], ids=["direct", "buffered", "auto"])
-def test_exact_bytes_every_way(tmp_path: Path, direct: bool | None) -> None:
+def test_exact_bytes_every_way(tmp_path: Path, direct: bool | None, inline_bytes: int) -> None:
     path, data = raw_file(tmp_path, FILE_BYTES)
     pool = HostBufferPool()
-    with DiskReader(pool, threads=3, direct=direct, chunk_bytes=2 * PAGE) as reader:
+    with DiskReader(
+        pool, threads=3, direct=direct, chunk_bytes=2 * PAGE, inline_bytes=inline_bytes
+    ) as reader:
         futures = [(o, n, reader.submit(span(path, o, n))) for o, n in SPANS]
         futures.append((FILE_BYTES - 10, 10, reader.submit(span(path, FILE_BYTES - 10, 10))))
         for offset, nbytes, future in futures:
@@ -180,7 +183,7 @@ def test_one_read_is_shared_by_every_thread(
         real(self, job, start, stop)
 
     monkeypatch.setattr(DiskReader, "_read_span", record)
-    with DiskReader(HostBufferPool(), threads=4, direct=False) as reader:
+    with DiskReader(HostBufferPool(), threads=4, direct=False, inline_bytes=0) as reader:
         result = reader.submit(span(path, 0, 16 * mib)).result()
         assert bytes(result.tensor.numpy()) == data
         assert sorted(requests) == [4 * mib] * 4, "four threads, a quarter each"
@@ -189,12 +192,41 @@ def test_one_read_is_shared_by_every_thread(
         assert requests == [64 * 1024], "a small read stays one request"
 
 
+def test_a_small_read_is_made_and_checked_by_the_calling_thread(tmp_path: Path) -> None:
+    """A tensor of at most ``inline_bytes`` is read, verified and complete when ``submit``
+    returns, read on the calling thread, and counted as the disk's busy time; a byte more
+    goes to the reader's threads."""
+    path, data = raw_file(tmp_path, 4 * INLINE_READ_BYTES)
+    guard = FileGuard(
+        path, {"t": (100, INLINE_READ_BYTES, None)}, source="test file", advice="fix it"
+    )
+    small = guard.locate({"t": span(path, 100, INLINE_READ_BYTES)})["t"]
+    readers: list[str] = []
+    with DiskReader(HostBufferPool(), direct=False) as reader:
+        reader.before_read = lambda loc: readers.append(threading.current_thread().name)
+        future = reader.submit(small)
+        assert future.done() and readers == [threading.current_thread().name]
+        got = future.result()
+        assert bytes(got.tensor.numpy()) == data[100 : 100 + INLINE_READ_BYTES]
+        reader.pool.give(got.buffer)
+        assert reader.busy_seconds > 0 and reader.verify_seconds > 0
+        damaged = bytearray(data)
+        damaged[100 + INLINE_READ_BYTES - 1] ^= 0x01
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(OffloadCorruptError, match="fail their checksum"):
+            reader.submit(small).result()
+        assert readers[1:] == [threading.current_thread().name] * 2, "read, then once more"
+        reader.pool.give(reader.submit(span(path, 0, INLINE_READ_BYTES + 1)).result().buffer)
+        assert readers[-1].startswith("tensortorrent-disk")
+        assert not reader.pool.lent_buffers
+
+
 def test_busy_seconds_count_time_with_reads_in_flight_once(tmp_path: Path) -> None:
     """Two reads in flight together count their common time once; idle time not at all."""
     path, _ = raw_file(tmp_path, FILE_BYTES)
     started = threading.Event()
     release = threading.Event()
-    with DiskReader(HostBufferPool(), threads=2, direct=False) as reader:
+    with DiskReader(HostBufferPool(), threads=2, direct=False, inline_bytes=0) as reader:
         assert reader.busy_seconds == 0.0
 
         def hold(loc: TensorLocation) -> None:

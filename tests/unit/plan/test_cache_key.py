@@ -22,6 +22,8 @@ BASE: dict[str, Any] = {
     "disk_latency_s": 4e-4,
     "read_slowdown": 1.5,
     "read_cpu_s": 5e-5,
+    "inline_read_bytes": 65536,
+    "inline_read_s": 8e-5,
     "class_latency_s": [3e-6],
     "cold_latency_s": 2e-6,
 }
@@ -48,6 +50,8 @@ def _key(**changed: Any) -> str:
         {"disk_latency_s": 1e-4},
         {"read_slowdown": 1.2},
         {"read_cpu_s": 7e-5},
+        {"inline_read_bytes": 4096},
+        {"inline_read_s": 9e-5},
         {"class_latency_s": [4e-6]},
         {"cold_latency_s": 1e-6},
     ],

@@ -4,21 +4,31 @@ each host node that runs while reads do."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.io.reader import INLINE_READ_BYTES
 from tensortorrent_dynamo.plan.planner import PlannedDevice, native_device_list
 from tensortorrent_dynamo.profile import HostProfile
 from tensortorrent_dynamo.profile.resolve import nominal_measurements
-from tensortorrent_dynamo.profile.schema import DiskFigures, Figure, Measurements
+from tensortorrent_dynamo.profile.schema import (
+    INLINE_PROBE_BYTES,
+    DiskFigures,
+    Figure,
+    Measurements,
+)
 from tests.models import mlp
 from tests.unit.cost_graph.test_cost_graph import capture
 
 
 def _measurements(
-    slowdown: float | None, stream: float | None = None, read_cpu: float | None = None
+    slowdown: float | None,
+    stream: float | None = None,
+    read_cpu: float | None = None,
+    read_inline: float | None = None,
 ) -> Measurements:
     m = nominal_measurements()
     disk = DiskFigures(
@@ -41,6 +51,11 @@ def _measurements(
             Figure(read_cpu, "s", "fake")
             if read_cpu is not None
             else DiskFigures.absent("not measured here").read_cpu
+        ),
+        read_inline=(
+            Figure(read_inline, "s", "fake")
+            if read_inline is not None
+            else DiskFigures.absent("not measured here").read_inline
         ),
     )
     return dataclasses.replace(m, disk=disk)
@@ -146,9 +161,39 @@ def test_each_read_is_costed_the_host_compute_it_takes_while_in_flight(tmp_path:
         assert reads
         charges[read_cpu] = charged
         n_reads = len(reads)
-        line = "each read costed 2.00 ms of host compute while in flight"
+        line = "each read handed to the reader's threads costed 2.00 ms of host compute"
         assert (line in compiled.explain()) == (read_cpu is not None)
     assert charges[None] == []
     # one charge per read, on the host, each its measured figure
     assert all(r[0] == "cpu" and abs(r[4] - r[3] - 2e-3) < 1e-12 for r in charges[2e-3])
     assert len(charges[2e-3]) == n_reads
+
+
+def test_a_small_read_is_costed_as_the_calling_thread_makes_it(tmp_path: Path) -> None:
+    # The runtime's reader reads a tensor of at most INLINE_READ_BYTES on the calling thread
+    # (io.reader): the planner is told so, costs such a read disk.read_inline less its
+    # 32 KiB at the read rate, plus its bytes, and charges it no hand-offs (disk.read_cpu).
+    (graph,) = capture(mlp(256, 2), torch.randn(4, 256))
+    host = _profile(None).devices[0]
+    for read_inline, fixed in ((None, 1e-4), (3e-4, 3e-4 - INLINE_PROBE_BYTES / 1e9)):
+        profile = HostProfile.from_measurements(_measurements(None, None, None, read_inline), "")
+        (native,) = native_device_list(
+            [PlannedDevice(host, graph.param_bytes // 2)], profile, graph
+        )
+        assert native.inline_read_bytes == INLINE_READ_BYTES
+        assert abs(native.inline_read_s - fixed) < 1e-15
+    # 16 KiB weights: every read made by the calling thread
+    compiled = _streamed(tmp_path, 64, _measurements(None, None, 2e-3, 3e-4))
+    native = compiled.graphs[0].plan.native
+    reads = [r for r in native.timeline if r[0] == "disk->cpu" and r[1] == "param"]
+    params = {i: p.nbytes for i, p in enumerate(compiled.graphs[0].plan.cost.params)}
+    assert reads and all(params[r[2]] <= INLINE_READ_BYTES for r in reads)
+    for r in reads:
+        assert abs(r[4] - r[3] - (3e-4 - INLINE_PROBE_BYTES / 1e9 + params[r[2]] / 1e9)) < 1e-12
+    # one after the other: the thread issues the next once it has made this one
+    starts = sorted((r[3], r[4]) for r in reads)
+    assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(starts))
+    assert not [r for r in native.timeline if r[1] == "read-cpu"]
+    text = compiled.explain()
+    assert f"{len(reads)} of {len(reads)} reads, of at most 64.00 KiB, made by the calling" in text
+    assert "each read handed to the reader's threads" not in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -120,4 +121,32 @@ def test_the_small_read_probe_times_a_segment_with_each_verified_read_in_flight(
         bench.close()
     assert len(checks) >= measure.SLOWDOWN_TURNS * 10
     assert figure.unit == "s" and figure.value is not None and 0 <= figure.value < 0.1
-    assert "32.00 KiB" in figure.method and "verified" in figure.method
+    assert "128.00 KiB" in figure.method and "verified" in figure.method
+
+
+def test_the_small_read_probe_times_verified_reads_the_calling_thread_makes(
+    tmp_path: Path, checks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from tensortorrent_dynamo.io.reader import DiskReader
+    from tensortorrent_dynamo.profile import measure
+
+    monkeypatch.setattr(measure, "SMALL_READS", 10)
+    readers: set[str] = set()
+    read_into = DiskReader._read_into
+
+    def spy(self: DiskReader, *args: Any) -> None:
+        readers.add(threading.current_thread().name)
+        read_into(self, *args)
+
+    monkeypatch.setattr(DiskReader, "_read_into", spy)
+    bench = DiskBench(tmp_path, 4 * BLOCK_BYTES, samples=2, reads=20, budget_s=2.0)
+    try:
+        figure = measure.SmallReadProbe(bench).read_inline()
+    finally:
+        bench.close()
+    assert readers == {threading.current_thread().name}
+    assert len(checks) >= measure.SLOWDOWN_TURNS * 10
+    assert figure.unit == "s" and figure.value is not None and 0 < figure.value < 0.1
+    assert "32.00 KiB" in figure.method and "calling thread" in figure.method

@@ -61,13 +61,14 @@ impl<'a> Costs<'a> {
         let mut host_share = vec![0.0f64; n];
         let mut disk_share = vec![0.0f64; n];
         // each read's fixed cost, shared among its parameter's users as its bytes are
-        let mut disk_reads = vec![0.0f64; n];
+        let mut disk_fixed = vec![0.0f64; n];
         for (q, &is_free) in free.iter().enumerate() {
             let users = g.param_users(q);
             if is_free || users.is_empty() {
                 continue;
             }
-            let share = g.param_bytes()[q] as f64 / users.len() as f64;
+            let param_bytes = g.param_bytes()[q] as f64;
+            let share = param_bytes / users.len() as f64;
             let on_disk = g.param_home()[q] == Tier::Disk;
             let target = if on_disk {
                 &mut disk_share
@@ -77,7 +78,7 @@ impl<'a> Costs<'a> {
             for &u in users {
                 target[u as usize] += share;
                 if on_disk {
-                    disk_reads[u as usize] += 1.0 / users.len() as f64;
+                    disk_fixed[u as usize] += host.read_fixed_s(param_bytes) / users.len() as f64;
                 }
             }
         }
@@ -89,8 +90,7 @@ impl<'a> Costs<'a> {
         let reads_disk = g.has_disk_params();
         for v in 0..n {
             bytes[v] = host_share[v] + disk_share[v];
-            let disk_read =
-                disk_reads[v] * host.disk_latency_s + disk_share[v] / host.disk_bytes_per_s;
+            let disk_read = disk_fixed[v] + disk_share[v] / host.disk_bytes_per_s;
             for (d, dev) in devices.iter().enumerate() {
                 let k = v * nd + d;
                 let mut t = dev.node_time(

@@ -572,6 +572,12 @@ impl Planner {
                 h.u64(i as u64);
                 h.f64(d.read_cpu_s);
             }
+            if disk_params && d.inline_read_bytes > 0 {
+                h.str("inline_read");
+                h.u64(i as u64);
+                h.u64(d.inline_read_bytes);
+                h.f64(d.inline_read_s);
+            }
         }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");

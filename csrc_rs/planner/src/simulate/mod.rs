@@ -356,6 +356,25 @@ impl Queues {
         self.free[k] = self.free[k].max(until);
     }
 
+    /// Work on `r` from `start` to `end` that did not queue behind the work
+    /// queued there (a read the host's calling thread makes while the
+    /// reader's threads have others in flight): `r` is busy until `end`, and
+    /// its busy time counts what of it the queued work did not cover.
+    fn alongside(&mut self, r: Resource, start: f64, end: f64, activity: Activity, index: u32) {
+        let k = self.slot(r);
+        self.busy[k] += (end - start.max(self.free[k])).max(0.0);
+        self.free[k] = self.free[k].max(end);
+        if let Some(t) = &mut self.timeline {
+            t.push(Record {
+                resource: r,
+                activity,
+                index,
+                start_s: start,
+                end_s: end,
+            });
+        }
+    }
+
     /// Queues `seconds` of work on `r` no earlier than `issue`; returns
     /// its (start, end).
     fn run(
@@ -497,13 +516,29 @@ fn issue_prefetches(
     let bytes_of = g.param_bytes();
     let home = g.param_home();
     let host = &devices[HOST as usize];
+    // the calling thread issues the prefetches in turn: after one it reads itself
+    let mut at = at;
     for &k in span_ids {
         let span = seg.spans[k as usize];
         let (q, d) = (span.param, span.device);
         let bytes = bytes_of[q as usize];
         mem.push(d, at, bytes, true);
         let mut ready = at;
-        if home[q as usize] == Tier::Disk {
+        if home[q as usize] == Tier::Disk && host.reads_inline(bytes as f64) {
+            // The calling thread reads it when issuing it (before the segment that
+            // issues it): the host computes nothing meanwhile, the read does not queue
+            // behind those in flight on the reader's threads, and what the thread
+            // issues next it issues after.
+            let start = at.max(queues.free_at(Resource::Compute(HOST)));
+            let end = start + host.disk_read_time(bytes as f64);
+            queues.alongside(Resource::Disk, start, end, Activity::Param, q);
+            queues.hold(Resource::Compute(HOST), end);
+            at = end;
+            ready = end;
+            if d != HOST {
+                mem.push(HOST, start, bytes, true);
+            }
+        } else if home[q as usize] == Tier::Disk {
             // A read queued behind another hides its fixed cost behind that one's
             // transfer, as far as the transfer lasts; one issued to an idle disk pays
             // it whole, and so does one queued behind a read of a few KiB (their
