@@ -364,6 +364,11 @@ impl Queues {
         let k = self.slot(r);
         self.busy[k] += (end - start.max(self.free[k])).max(0.0);
         self.free[k] = self.free[k].max(end);
+        self.note(r, activity, index, start, end);
+    }
+
+    /// Adds work on `r` to the timeline, when one is recorded.
+    fn note(&mut self, r: Resource, activity: Activity, index: u32, start: f64, end: f64) {
         if let Some(t) = &mut self.timeline {
             t.push(Record {
                 resource: r,
@@ -390,15 +395,7 @@ impl Queues {
         let end = start + seconds;
         self.free[k] = end;
         self.busy[k] += seconds;
-        if let Some(t) = &mut self.timeline {
-            t.push(Record {
-                resource: r,
-                activity,
-                index,
-                start_s: start,
-                end_s: end,
-            });
-        }
+        self.note(r, activity, index, start, end);
         (start, end)
     }
 }
