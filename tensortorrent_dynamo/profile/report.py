@@ -91,7 +91,7 @@ def format_report(m: Measurements) -> str:
         ["disk", "read", format_value(disk.read), _disk_how(disk.read)],
         ["disk", "read while streaming", format_value(disk.stream), disk.stream.note],
         ["disk", "cpu a read in flight takes", format_value(disk.read_cpu), disk.read_cpu.note],
-        ["disk", "32 KiB read, calling thread", format_value(disk.read_inline), disk.read_inline.note],
+        ["disk", "32 KiB read inline", format_value(disk.read_inline), disk.read_inline.note],
         ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],
         ["disk", "free", format_value(disk.free), disk.path or disk.free.note],
         [

@@ -223,12 +223,13 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     rate = graph.profile.planned_disk_read_bytes_per_s
     latency = graph.profile.planned_disk_latency_s
     inline_s = graph.profile.inline_read_s
-    planned = (len(read) - len(inline)) * latency + len(inline) * inline_s + read_bytes / rate
+    handed = len(read) - len(inline)
+    planned = handed * latency + len(inline) * inline_s + read_bytes / rate
+    per_read = f" and {format_seconds(latency)} a read" if handed else ""
     lines = [
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
-        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')} and "
-        f"{format_seconds(latency)} a read",
+        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')}{per_read}",
         f"    read rate from {graph.profile.planned_disk_read_source}",
     ]
     if inline:
@@ -239,7 +240,7 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
             "nothing meanwhile"
         )
     read_cpu = graph.profile.read_cpu_s
-    if read_cpu > 0 and len(inline) < len(read):
+    if read_cpu > 0 and handed:
         lines.append(
             f"    each read handed to the reader's threads costed {format_seconds(read_cpu)} of "
             "host compute while in flight (profile disk.read_cpu: their hand-offs share the "

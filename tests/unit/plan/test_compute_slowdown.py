@@ -197,3 +197,4 @@ def test_a_small_read_is_costed_as_the_calling_thread_makes_it(tmp_path: Path) -
     text = compiled.explain()
     assert f"{len(reads)} of {len(reads)} reads, of at most 64.00 KiB, made by the calling" in text
     assert "each read handed to the reader's threads" not in text
+    assert "at 1.00 GB/s\n" in text, "no fixed cost of a read handed on, where none is"
