@@ -283,12 +283,14 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
         "disk_stream_bytes_per_s": profile.disk_stream_bytes_per_s,
         "compute_slowdown_while_reading": profile.compute_slowdown_while_reading,
         "read_cpu_s": profile.read_cpu_s,
+        "inline_read_s": profile.inline_read_s,
     }
     disk_text = (
         f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s "
         f"({(figures['disk_stream_bytes_per_s'] or 0) / 1e9:.2f} streaming, compute "
         f"{figures['compute_slowdown_while_reading']:.2f}x while reading, "
-        f"{figures['read_cpu_s'] * 1e6:.0f} us a read)"
+        f"{figures['read_cpu_s'] * 1e6:.0f} us a read handed on, "
+        f"{figures['inline_read_s'] * 1e6:.0f} us one made inline)"
         if figures["disk_read_bytes_per_s"]
         else ""
     )
