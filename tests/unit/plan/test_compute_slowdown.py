@@ -31,32 +31,21 @@ def _measurements(
     read_inline: float | None = None,
 ) -> Measurements:
     m = nominal_measurements()
+    absent = DiskFigures.absent("not measured here")
+
+    def figure(value: float | None, unit: str, field: str) -> Figure:
+        return Figure(value, unit, "fake") if value is not None else getattr(absent, field)
+
     disk = DiskFigures(
         path="/offload",
         free=Figure(1e12, "B", "fake"),
         read=Figure(1e9, "B/s", "fake"),
         write=Figure(1e9, "B/s", "fake"),
         latency=Figure(1e-4, "s", "fake"),
-        compute_slowdown=(
-            Figure(slowdown, "x", "fake")
-            if slowdown is not None
-            else DiskFigures.absent("not measured here").compute_slowdown
-        ),
-        stream=(
-            Figure(stream, "B/s", "fake")
-            if stream is not None
-            else DiskFigures.absent("not measured here").stream
-        ),
-        read_cpu=(
-            Figure(read_cpu, "s", "fake")
-            if read_cpu is not None
-            else DiskFigures.absent("not measured here").read_cpu
-        ),
-        read_inline=(
-            Figure(read_inline, "s", "fake")
-            if read_inline is not None
-            else DiskFigures.absent("not measured here").read_inline
-        ),
+        compute_slowdown=figure(slowdown, "x", "compute_slowdown"),
+        stream=figure(stream, "B/s", "stream"),
+        read_cpu=figure(read_cpu, "s", "read_cpu"),
+        read_inline=figure(read_inline, "s", "read_inline"),
     )
     return dataclasses.replace(m, disk=disk)
 

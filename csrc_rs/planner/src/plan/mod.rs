@@ -556,23 +556,23 @@ impl Planner {
                 h.f64(d.mem_bytes_per_s);
                 h.f64(disk_bytes_per_s);
             }
-            // hashed only where it is modelled, so that other plans keep their hashes
-            if disk_params && d.disk_latency_s > 0.0 {
-                h.str("disk_latency");
-                h.u64(i as u64);
-                h.f64(d.disk_latency_s);
+            // the disk's figures, hashed only where the graph reads from disk and
+            // each is modelled, so that other plans keep their hashes
+            if !disk_params {
+                continue;
             }
-            if disk_params && d.read_slowdown > 1.0 {
-                h.str("read_slowdown");
-                h.u64(i as u64);
-                h.f64(d.read_slowdown);
+            for (name, value, modelled) in [
+                ("disk_latency", d.disk_latency_s, d.disk_latency_s > 0.0),
+                ("read_slowdown", d.read_slowdown, d.read_slowdown > 1.0),
+                ("read_cpu", d.read_cpu_s, d.read_cpu_s > 0.0),
+            ] {
+                if modelled {
+                    h.str(name);
+                    h.u64(i as u64);
+                    h.f64(value);
+                }
             }
-            if disk_params && d.read_cpu_s > 0.0 {
-                h.str("read_cpu");
-                h.u64(i as u64);
-                h.f64(d.read_cpu_s);
-            }
-            if disk_params && d.inline_read_bytes > 0 {
+            if d.inline_read_bytes > 0 {
                 h.str("inline_read");
                 h.u64(i as u64);
                 h.u64(d.inline_read_bytes);
