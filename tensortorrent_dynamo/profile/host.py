@@ -211,13 +211,18 @@ class HostProfile:
         return max(1.0, value) if value else 1.0
 
     @property
+    def request_latency_s(self) -> float:
+        """The disk's own latency: the measured time of a random 4 KiB read, else the
+        nominal 0.1 ms."""
+        measured = self.disk_latency_s
+        return NOMINAL_DISK_LATENCY_S if measured is None else measured
+
+    @property
     def planned_disk_latency_s(self) -> float:
         """The fixed cost of a disk read that the planner uses (less what the transfer of a
-        read queued before it hides): the disk's latency (the measured time of a random 4 KiB
-        read, else the nominal 0.1 ms) plus what the reader's hand-offs cost a read
-        (``io.reader.READ_HANDOFF_S``)."""
-        measured = self.disk_latency_s
-        return (NOMINAL_DISK_LATENCY_S if measured is None else measured) + READ_HANDOFF_S
+        read queued before it hides): the disk's latency (``request_latency_s``) plus what
+        the reader's hand-offs cost a read (``io.reader.READ_HANDOFF_S``)."""
+        return self.request_latency_s + READ_HANDOFF_S
 
     @property
     def read_cpu_s(self) -> float:
@@ -231,12 +236,11 @@ class HostProfile:
         """The fixed cost of a read the calling thread makes itself (a tensor of at most
         ``io.reader.INLINE_READ_BYTES``), beyond its bytes at the planned rate: the measured
         time of such a verified read (``disk.read_inline``) less its bytes at that rate,
-        else the disk's latency."""
+        else the disk's latency (``request_latency_s``)."""
         value = self.measurements.disk.read_inline.value if self.measurements else None
         if value:
             return max(0.0, value - INLINE_PROBE_BYTES / self.planned_disk_read_bytes_per_s)
-        measured = self.disk_latency_s
-        return NOMINAL_DISK_LATENCY_S if measured is None else measured
+        return self.request_latency_s
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:
