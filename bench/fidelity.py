@@ -284,6 +284,9 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
         "compute_slowdown_while_reading": profile.compute_slowdown_while_reading,
         "read_cpu_s": profile.read_cpu_s,
         "inline_read_s": profile.inline_read_s,
+        "runtime_work_s": dict(
+            zip(("segment_call", "resident", "stream"), profile.runtime_work_s, strict=True)
+        ),
     }
     disk_text = (
         f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s "
@@ -297,7 +300,9 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
     print(
         f"  profile ({figures['measured_s']:.1f} s): cpu {cpu.flops_per_s / 1e9:.0f} GFLOP/s, "
         f"memory {(cpu.memory_bandwidth_bytes_per_s or 0) / 1e9:.1f} GB/s, "
-        f"op {cpu.latency_s * 1e6:.2f} us{disk_text}",
+        f"op {cpu.latency_s * 1e6:.2f} us, runtime "
+        + "/".join(f"{v * 1e6:.1f}" for v in profile.runtime_work_s)
+        + f" us (segment call/resident/stream){disk_text}",
         flush=True,
     )
     return path, figures

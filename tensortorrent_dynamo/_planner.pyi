@@ -106,7 +106,13 @@ class Device:
     A read of a parameter of at most ``inline_read_bytes`` is made by the host's calling
     thread when issued: the host computes nothing for ``inline_read_s`` plus its bytes over
     ``disk_bytes_per_s``, and it queues behind no other read (used on the host; 0, the
-    default, hands every read to the reader's threads).
+    default, hands every read to the reader's threads). ``segment_call_s``,
+    ``resident_lookup_s`` and ``stream_op_s`` are the runtime's own work on the calling
+    thread before a segment starts: its call (none in a plan of one host segment that needs
+    none of this work: it is called as that segment), each resident parameter first passed
+    to a segment on its device there (one on an accelerator, or one whose home is disk),
+    and each parameter streamed in for it beyond its read and copy (used on the host; 0,
+    the default, is not modelled).
     """
 
     def __new__(
@@ -129,6 +135,9 @@ class Device:
         read_cpu_s: float = ...,
         inline_read_bytes: int = ...,
         inline_read_s: float = ...,
+        segment_call_s: float = ...,
+        resident_lookup_s: float = ...,
+        stream_op_s: float = ...,
     ) -> Device: ...
     @property
     def name(self) -> str:
@@ -190,6 +199,18 @@ class Device:
     def inline_read_s(self) -> float:
         """Fixed cost of a read the host's calling thread makes, beyond its bytes over the
         disk rate, used on the host."""
+    @property
+    def segment_call_s(self) -> float:
+        """The calling thread's cost of calling one segment of a plan of several, used on
+        the host (0: not modelled)."""
+    @property
+    def resident_lookup_s(self) -> float:
+        """The calling thread's cost of looking up one resident parameter, used on the host
+        (0: not modelled)."""
+    @property
+    def stream_op_s(self) -> float:
+        """The calling thread's cost of one streamed parameter beyond its read and copy,
+        used on the host (0: not modelled)."""
 
 @final
 class Candidate:

@@ -387,6 +387,7 @@ def native_device_list(
     to the part of each host node that runs while reads do."""
     planner = native_planner()
     has_params = bool(cost.params)
+    segment_call, resident_lookup, stream_op = profile.runtime_work_s
     return [
         planner.Device(
             name=d.name,
@@ -418,6 +419,10 @@ def native_device_list(
             # the runtime's reader makes these reads on the calling thread
             inline_read_bytes=INLINE_READ_BYTES if d.profile.is_host and has_params else 0,
             inline_read_s=profile.inline_read_s if d.profile.is_host and has_params else 0.0,
+            # the calling thread's own work between segments: the host's
+            segment_call_s=segment_call if d.profile.is_host else 0.0,
+            resident_lookup_s=resident_lookup if d.profile.is_host else 0.0,
+            stream_op_s=stream_op if d.profile.is_host else 0.0,
         )
         for d in devices
     ]

@@ -242,6 +242,19 @@ class HostProfile:
             return max(0.0, value - INLINE_PROBE_BYTES / self.planned_disk_read_bytes_per_s)
         return self.request_latency_s
 
+    @property
+    def runtime_work_s(self) -> tuple[float, float, float]:
+        """What the runtime's own work between segments costs the calling thread: a
+        segment's call, a resident parameter's lookup, and a streamed parameter's prefetch,
+        wait and evict beyond its read (``runtime.segment_call``, ``runtime.resident``,
+        ``runtime.stream``), each as measured, else 0 (not modelled)."""
+        if self.measurements is None:
+            return (0.0, 0.0, 0.0)
+        work = self.measurements.runtime
+        return tuple(  # type: ignore[return-value]
+            max(0.0, f.value or 0.0) for f in (work.segment_call, work.resident, work.stream)
+        )
+
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:
         """The planner's view of ``m``: float32 FLOP/s, pinned link rates, host RAM free now.

@@ -29,6 +29,7 @@ from ..io.reader import DEFAULT_CHUNK_BYTES, INLINE_READ_BYTES, DiskReader, Read
 from ..units import format_bytes
 from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda_devices
 from .disk import DiskBench, writable_problem
+from .runtime_work import RuntimeProbe
 from .schema import (
     INLINE_PROBE_BYTES,
     WIDE_ROWS_N,
@@ -38,6 +39,7 @@ from .schema import (
     LinkFigure,
     Measurements,
     Mode,
+    RuntimeFigures,
 )
 
 Progress = Callable[[int, int, str], None]
@@ -1060,6 +1062,12 @@ def measure_host(
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
         probes[dev] = OpProbe(dev, budget)
         steps.append(_Step(("latency", dev), f"{dev} op latency", "s", probes[dev].latency))
+    work = RuntimeProbe(_small_segment())
+    steps += [
+        _Step(("runtime", "segment_call"), "runtime: a segment's call", "s", work.segment_call),
+        _Step(("runtime", "resident"), "runtime: a resident weight", "s", work.resident),
+        _Step(("runtime", "stream"), "runtime: a streamed weight", "s", work.stream),
+    ]
     link_steps, absent_links = _plan_links(cuda, mode)
     bench, disk_steps, absent_disk = _plan_disk(offload_dir, mode)
     # The disk goes first: measured after the CPU steps, its reads came out up to twice as
@@ -1105,4 +1113,9 @@ def measure_host(
         devices=tuple(_device_figures(dev, results, probes[dev], budget) for dev in ["cpu", *cuda]),
         links=tuple(links + absent_links),
         disk=disk,
+        runtime=RuntimeFigures(
+            segment_call=results[("runtime", "segment_call")],
+            resident=results[("runtime", "resident")],
+            stream=results[("runtime", "stream")],
+        ),
     )

@@ -85,6 +85,12 @@ def format_report(m: Measurements) -> str:
     for link in m.links:
         fig = link.bandwidth
         rows.append([f"{link.src}->{link.dst}", link.name, format_value(fig), fig.note])
+    work = m.runtime
+    rows += [
+        ["runtime", "a segment's call", format_value(work.segment_call), work.segment_call.note],
+        ["runtime", "a resident weight", format_value(work.resident), work.resident.note],
+        ["runtime", "a streamed weight", format_value(work.stream), work.stream.note],
+    ]
     disk = m.disk
     rows += [
         ["disk", "write", format_value(disk.write), _disk_how(disk.write)],

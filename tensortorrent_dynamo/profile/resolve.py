@@ -24,7 +24,7 @@ from .host import (
     HostProfile,
 )
 from .measure import DTYPES, dtype_name, links_without_cuda, measure_host
-from .schema import DeviceFigures, DiskFigures, Figure, LinkFigure, Measurements
+from .schema import DeviceFigures, DiskFigures, Figure, LinkFigure, Measurements, RuntimeFigures
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ def nominal_measurements() -> Measurements:
         devices=tuple(_nominal_device(name) for name in ["cpu", *cuda]),
         links=tuple(links),
         disk=DiskFigures.absent(_NOT_NOMINAL),
+        runtime=RuntimeFigures.absent(_NOT_NOMINAL),
     )
 
 

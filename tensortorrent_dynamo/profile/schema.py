@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 10
+METHODS_REVISION = 11
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -34,7 +34,8 @@ timed on a stream of reads as the runtime's, which gives the reader's rate too,
 compute while in flight is measured, ``measure.SmallReadProbe``; 10: a small read the
 calling thread makes itself is timed, ``DiskFigures.read_inline``, and the reads in flight
 that the small-read probe times are of a size the reader hands to its threads,
-``io.reader.INLINE_READ_BYTES``): a cached short profile of an older revision is measured
+``io.reader.INLINE_READ_BYTES``; 11: the runtime's own work between segments is timed,
+``Measurements.runtime``): a cached short profile of an older revision is measured
 again. A file without one is revision 1."""
 
 INLINE_PROBE_BYTES = 32 * 2**10
@@ -71,8 +72,8 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream``, ``disk.read_cpu`` or
-``disk.read_inline``: it was measured before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream``, ``disk.read_cpu``,
+``disk.read_inline`` or ``runtime`` figures: it was measured before the figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +396,40 @@ class DiskFigures:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeFigures:
+    """What the runtime's own work between segments costs the calling thread
+    (``runtime_work.RuntimeProbe``): a segment's call, a resident parameter's lookup, and
+    a streamed parameter's prefetch, wait and evict beyond its read or copy."""
+
+    segment_call: Figure
+    resident: Figure
+    stream: Figure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "segment_call": self.segment_call.to_dict(),
+            "resident": self.resident.to_dict(),
+            "stream": self.stream.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> RuntimeFigures:
+        if raw is None:  # a profile written before these were measured
+            return cls.absent(COMPUTE_SLOWDOWN_NOTE)
+        data = _mapping(raw, where)
+        return cls(
+            segment_call=Figure.from_dict(data.get("segment_call"), f"{where}.segment_call"),
+            resident=Figure.from_dict(data.get("resident"), f"{where}.resident"),
+            stream=Figure.from_dict(data.get("stream"), f"{where}.stream"),
+        )
+
+    @classmethod
+    def absent(cls, reason: str) -> RuntimeFigures:
+        """Every figure absent for ``reason``."""
+        return cls(*(Figure.absent("s", reason) for _ in range(3)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Measurements:
     """Everything measured (or assumed, for ``mode="nominal"``) about one host.
 
@@ -412,6 +447,10 @@ class Measurements:
     devices: tuple[DeviceFigures, ...]
     links: tuple[LinkFigure, ...]
     disk: DiskFigures
+    runtime: RuntimeFigures = dataclasses.field(
+        default_factory=lambda: RuntimeFigures.absent(COMPUTE_SLOWDOWN_NOTE)
+    )
+    """The runtime's own work between segments, on the host's calling thread."""
     revision: int = METHODS_REVISION
     """The :data:`METHODS_REVISION` the figures were measured by."""
 
@@ -436,6 +475,7 @@ class Measurements:
             "devices": [d.to_dict() for d in self.devices],
             "links": [lk.to_dict() for lk in self.links],
             "disk": self.disk.to_dict(),
+            "runtime": self.runtime.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -473,6 +513,7 @@ class Measurements:
                 for i, lk in enumerate(_get(data, "links", list, "profile"))
             ),
             disk=DiskFigures.from_dict(data.get("disk"), "profile.disk"),
+            runtime=RuntimeFigures.from_dict(data.get("runtime"), "profile.runtime"),
             revision=_get(data, "methods_revision", int, "profile")
             if "methods_revision" in data
             else 1,

@@ -17,6 +17,7 @@ from ..plan.planner import (
     rows_table,
 )
 from ..plan.throughput import batch_sweep, compute_bound_from
+from ..run import ops
 from ..shapes import format_range
 from ..units import format_bytes, format_rate, format_seconds
 from .fidelity import union_s
@@ -272,6 +273,31 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     return lines
 
 
+def _explain_runtime_work(graph: CompiledGraph) -> list[str]:
+    """What the runtime's own work between the segments was costed at on the calling
+    thread: the rewritten graph's segment calls, resident lookups and streamed weights."""
+    call_s, resident_s, stream_s = graph.profile.runtime_work_s
+    if graph.direct is not None or not (call_s or resident_s or stream_s):
+        return []  # called as its one segment, or not measured
+    counts = {"call": 0, "resident": 0, "stream": 0}
+    for node in graph.module.graph.nodes:
+        if node.op == "call_module":
+            counts["call"] += 1
+        elif node.target is ops.resident:
+            counts["resident"] += 1
+        elif node.target is ops.prefetch:
+            counts["stream"] += 1
+    total = counts["call"] * call_s + counts["resident"] * resident_s + counts["stream"] * stream_s
+    return [
+        f"  the runtime's own work between segments, costed on the calling thread: "
+        f"{format_seconds(total)} a call ({counts['call']} segment calls at "
+        f"{format_seconds(call_s)}, {counts['resident']} resident weights looked up at "
+        f"{format_seconds(resident_s)}, {counts['stream']} streamed weights' prefetch, wait "
+        f"and evict at {format_seconds(stream_s)}; profile runtime.segment_call, "
+        "runtime.resident, runtime.stream)"
+    ]
+
+
 def _explain_spills(graph: CompiledGraph) -> list[str]:
     """The activations sent to host memory between uses, and when each comes back."""
     plan = graph.plan
@@ -485,6 +511,7 @@ def explain_graph(graph: CompiledGraph) -> str:
         "measured",
     ]
     lines += _table(header, rows)
+    lines += _explain_runtime_work(graph)
     if graph.compiler_note:
         lines.append(f"  compiler: {graph.compiler_note}")
     streamed_names = [p.fqn for p, r in zip(cost.params, plan.residency, strict=True) if r.streams]

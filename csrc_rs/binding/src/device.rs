@@ -1,5 +1,7 @@
 //! `Device`: one device of the machine (index 0 of a device list is the host).
 
+use std::fmt::Write;
+
 use pyo3::prelude::*;
 use tensortorrent_planner::Device;
 
@@ -32,6 +34,9 @@ impl PyDevice {
         read_cpu_s = 0.0,
         inline_read_bytes = 0,
         inline_read_s = 0.0,
+        segment_call_s = 0.0,
+        resident_lookup_s = 0.0,
+        stream_op_s = 0.0,
     ))]
     fn new(
         name: String,
@@ -51,6 +56,9 @@ impl PyDevice {
         read_cpu_s: f64,
         inline_read_bytes: u64,
         inline_read_s: f64,
+        segment_call_s: f64,
+        resident_lookup_s: f64,
+        stream_op_s: f64,
     ) -> Self {
         Self {
             inner: Device {
@@ -71,6 +79,9 @@ impl PyDevice {
                 read_cpu_s,
                 inline_read_bytes,
                 inline_read_s,
+                segment_call_s,
+                resident_lookup_s,
+                stream_op_s,
             },
         }
     }
@@ -187,12 +198,33 @@ impl PyDevice {
         self.inner.inline_read_s
     }
 
+    /// The calling thread's cost of calling one segment of a plan of
+    /// several, used on the host.
+    #[getter]
+    fn segment_call_s(&self) -> f64 {
+        self.inner.segment_call_s
+    }
+
+    /// The calling thread's cost of looking up one resident parameter, used
+    /// on the host.
+    #[getter]
+    fn resident_lookup_s(&self) -> f64 {
+        self.inner.resident_lookup_s
+    }
+
+    /// The calling thread's cost of one streamed parameter beyond its read
+    /// and copy, used on the host.
+    #[getter]
+    fn stream_op_s(&self) -> f64 {
+        self.inner.stream_op_s
+    }
+
     fn __repr__(&self) -> String {
         let d = &self.inner;
         format!(
             "Device(name={:?}, is_host={}, flops_per_s={}, budget_bytes={}, \
              h2d_bytes_per_s={}, d2h_bytes_per_s={}, latency_s={}, \
-             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{}{})",
+             mem_bytes_per_s={}, disk_bytes_per_s={}{}{}{}{}{}{}{}{})",
             d.name,
             if d.is_host { "True" } else { "False" },
             float_repr(d.flops_per_s),
@@ -232,9 +264,25 @@ impl PyDevice {
                 )
             } else {
                 String::new()
-            }
+            },
+            runtime_repr(d),
         )
     }
+}
+
+/// The runtime's work figures that are modelled (above 0), as keywords.
+fn runtime_repr(d: &Device) -> String {
+    let mut out = String::new();
+    for (name, value) in [
+        ("segment_call_s", d.segment_call_s),
+        ("resident_lookup_s", d.resident_lookup_s),
+        ("stream_op_s", d.stream_op_s),
+    ] {
+        if value > 0.0 {
+            let _ = write!(out, ", {name}={}", float_repr(value));
+        }
+    }
+    out
 }
 
 /// `, name=[a, b]` for a list keyword that is not empty, else nothing.

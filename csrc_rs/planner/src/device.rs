@@ -77,6 +77,22 @@ pub struct Device {
     /// `inline_read_bytes`), in seconds, beyond its bytes over
     /// `disk_bytes_per_s`. Only the host's is used.
     pub inline_read_s: f64,
+    /// What the calling thread spends calling one segment of a plan of
+    /// several (a plan of one segment that only takes the graph's inputs is
+    /// called as that segment), in seconds: charged on the segment's device
+    /// before its first node, as the runtime's own work (not its compute).
+    /// Only the host's is used; 0 means "not modelled".
+    pub segment_call_s: f64,
+    /// What the calling thread spends looking up one resident parameter a
+    /// segment is passed (one on an accelerator, or read from disk once),
+    /// in seconds, charged before the first segment on that device using it.
+    /// Only the host's is used; 0 means "not modelled".
+    pub resident_lookup_s: f64,
+    /// What the calling thread spends on one streamed parameter beyond its
+    /// read and copy (issuing its prefetch, waiting for it, evicting it), in
+    /// seconds, charged before its first using segment. Only the host's is
+    /// used; 0 means "not modelled".
+    pub stream_op_s: f64,
 }
 
 impl Device {
@@ -110,6 +126,9 @@ impl Device {
             read_cpu_s: 0.0,
             inline_read_bytes: 0,
             inline_read_s: 0.0,
+            segment_call_s: 0.0,
+            resident_lookup_s: 0.0,
+            stream_op_s: 0.0,
         }
     }
 
@@ -282,6 +301,9 @@ pub fn validate_devices(devices: &[Device]) -> Result<(), PlanError> {
             ("disk_latency_s", d.disk_latency_s),
             ("read_cpu_s", d.read_cpu_s),
             ("inline_read_s", d.inline_read_s),
+            ("segment_call_s", d.segment_call_s),
+            ("resident_lookup_s", d.resident_lookup_s),
+            ("stream_op_s", d.stream_op_s),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(invalid(format!(

@@ -567,3 +567,43 @@ fn a_small_read_is_made_by_the_calling_thread_when_issued() {
     assert_close(start, 0.0015);
     assert_close(disk_busy(&handed), 0.0025);
 }
+
+#[test]
+fn the_runtime_s_own_work_holds_each_segment_back() {
+    // Two 1 s layers on the host, each weight 1 MB; the calling thread
+    // spends 10 ms calling a segment, 20 ms looking up a resident weight
+    // and 100 ms on a streamed one (reads themselves take no time here).
+    let run = |home: Tier, streamed: bool| {
+        let g = two_layers().with_param_home(vec![home, home]).unwrap();
+        let mut devices = exact_devices();
+        devices[0].segment_call_s = 0.01;
+        devices[0].resident_lookup_s = 0.02;
+        devices[0].stream_op_s = 0.1;
+        let sim = simulate(&g, &devices, &[0, 0, 0], &[streamed, streamed], 1).unwrap();
+        let start = |x: u32| {
+            records(&sim.timeline, Activity::Node)
+                .into_iter()
+                .find(|r| r.index == x)
+                .unwrap()
+                .start_s
+        };
+        (start(1), start(2), sim.predicted_time_s)
+    };
+    // Both streamed from disk: two segments, each called after its weight's
+    // prefetch, wait and evict.
+    let (l0, l1, total) = run(Tier::Disk, true);
+    assert_close(l0, 0.11);
+    assert_close(l1, 1.22);
+    assert_close(total, 2.22);
+    // Both kept in RAM after their first read: one segment, both weights
+    // looked up before it is called.
+    let (l0, l1, total) = run(Tier::Disk, false);
+    assert_close(l0, 0.05);
+    assert_close(l1, 1.05);
+    assert_close(total, 2.05);
+    // The host's own weights, one host segment: the graph is called as that
+    // segment, with no work of the runtime's.
+    let (l0, _, total) = run(Tier::Host, false);
+    assert_close(l0, 0.0);
+    assert_close(total, 2.0);
+}

@@ -255,6 +255,15 @@ fn devices_need_unique_names_and_sane_rates() {
     let mut early = host(1);
     early.inline_read_s = -1e-5;
     assert!(device_error(&[early]).contains("inline_read_s = -0.00001"));
+    let mut calling = host(1);
+    calling.segment_call_s = f64::NAN;
+    assert!(device_error(&[calling]).contains("segment_call_s = NaN"));
+    let mut looking = host(1);
+    looking.resident_lookup_s = -1e-6;
+    assert!(device_error(&[looking]).contains("resident_lookup_s = -0.000001"));
+    let mut streaming = host(1);
+    streaming.stream_op_s = f64::INFINITY;
+    assert!(device_error(&[streaming]).contains("stream_op_s = inf"));
     let mut nameless = accelerator("", 1);
     nameless.name.clear();
     assert_eq!(

@@ -64,3 +64,13 @@ def test_json_round_trip_keeps_every_figure() -> None:
     assert profile.measurements.to_dict() == m.to_dict()
     assert profile.to_dict()["format_version"] == 1
     assert profile.device("cpu").flops_per_s == nominal_profile().device("cpu").flops_per_s
+
+
+def test_a_profile_written_before_the_runtime_s_work_was_timed_leaves_it_unmodelled() -> None:
+    raw = HostProfile.from_measurements(nominal_measurements(), "x").to_dict()
+    assert raw["runtime"]["stream"]["value"] is None
+    del raw["runtime"]
+    profile = HostProfile.from_dict(raw, "older")
+    assert profile.measurements is not None
+    assert "written before" in profile.measurements.runtime.segment_call.note
+    assert profile.runtime_work_s == (0.0, 0.0, 0.0)

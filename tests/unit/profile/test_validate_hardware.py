@@ -277,3 +277,20 @@ def test_few_row_matmuls_are_timed_at_a_large_model_s_width_too(run: Run) -> Non
     profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
     host = profile.device("cpu")
     assert host.rows_width == 1024 and host.flops_by_rows_wide == {4096: {"float32": wide}}
+
+
+def test_the_runtime_s_own_work_between_segments_is_timed(run: Run) -> None:
+    """A segment's call, a resident weight's lookup and a streamed weight's prefetch, wait
+    and evict are each timed on the runtime's own code: a few microseconds each on the
+    host (under a millisecond), a streamed weight dearer than a lookup, printed, and read
+    by the planner."""
+    work = run.report["runtime"]
+    values = {name: work[name]["value"] for name in ("segment_call", "resident", "stream")}
+    assert all(0 < value < 1e-3 for value in values.values()), values
+    assert values["resident"] < values["stream"], values
+    assert "run.ops.resident" in work["resident"]["method"]
+    assert "disk.read_inline times reads" in work["stream"]["method"]
+    for label in ("a segment's call", "a resident weight", "a streamed weight"):
+        assert label in run.output
+    profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
+    assert profile.runtime_work_s == (values["segment_call"], values["resident"], values["stream"])

@@ -579,6 +579,19 @@ impl Planner {
                 h.f64(d.inline_read_s);
             }
         }
+        // the runtime's own work, hashed where modelled (the host's only is used)
+        if let Some(host) = devices.first() {
+            for (name, value) in [
+                ("segment_call", host.segment_call_s),
+                ("resident_lookup", host.resident_lookup_s),
+                ("stream_op", host.stream_op_s),
+            ] {
+                if value > 0.0 {
+                    h.str(name);
+                    h.f64(value);
+                }
+            }
+        }
         if let Some(limit) = self.node_limit {
             h.str("node_limit");
             h.u64(limit);

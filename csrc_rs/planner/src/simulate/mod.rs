@@ -46,7 +46,7 @@ pub use timeline::{Activity, Record, Resource};
 use crate::device::{validate_devices, Device};
 use crate::error::PlanError;
 use crate::graph::{CostGraph, Tier};
-use crate::placement::{segment, Placement, Segmentation, HOST};
+use crate::placement::{segment, streams_to, Placement, Segmentation, HOST};
 
 /// What one simulation measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -430,6 +430,12 @@ pub(crate) struct Workspace {
     node_spill: Vec<u32>,
     /// Per spill: the index of its host copy (the reloaded copy follows).
     spill_inst: Vec<usize>,
+    /// Per segment: the runtime's own work on the calling thread before it
+    /// starts (`runtime_work`).
+    runtime_s: Vec<f64>,
+    /// Per (parameter, device): the first segment there using it as a
+    /// resident (`u32::MAX`: none), indexed `q * devices + d`.
+    resident_first: Vec<u32>,
 }
 
 /// Groups span ids by a segment key into CSR arrays (ids ascending).
@@ -598,6 +604,7 @@ impl Workspace {
         };
         self.constant_memory(inp);
         self.group_spans(inp);
+        self.runtime_work(inp);
         let mut clock = self.start(inp, record);
         self.reset_values(inp);
         for x in 0..g.num_nodes() {
@@ -684,6 +691,58 @@ impl Workspace {
         self.initial.extend(
             (0..seg.spans.len() as u32).filter(|&k| seg.spans[k as usize].issue_segment.is_none()),
         );
+    }
+
+    /// The runtime's own work on the calling thread before each segment
+    /// starts (the host's `segment_call_s`, `resident_lookup_s` and
+    /// `stream_op_s`): the segment's call, the lookup of each resident
+    /// parameter first passed to a segment on its device there (one on an
+    /// accelerator, or one whose home is disk), and the prefetch, wait and
+    /// evict of each parameter streamed in for it. A plan of one host
+    /// segment without any of these is called as that segment: no work.
+    fn runtime_work(&mut self, inp: Inputs) {
+        let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
+        let host = &inp.devices[HOST as usize];
+        let num_segments = seg.segment_device.len();
+        self.runtime_s.clear();
+        self.runtime_s.resize(num_segments, 0.0);
+        if host.segment_call_s == 0.0 && host.resident_lookup_s == 0.0 && host.stream_op_s == 0.0 {
+            return;
+        }
+        for span in &seg.spans {
+            self.runtime_s[span.first_segment as usize] += host.stream_op_s;
+        }
+        let nd = inp.devices.len();
+        let home = g.param_home();
+        self.resident_first.clear();
+        self.resident_first.resize(g.num_params() * nd, u32::MAX);
+        let mut lookups = 0usize;
+        for (q, &tier) in home.iter().enumerate() {
+            for &u in g.param_users(q) {
+                let d = pl.node_device[u as usize];
+                let streamed = pl.param_streamed[q] && streams_to(g, q, d);
+                if streamed || (d == HOST && tier != Tier::Disk) {
+                    continue; // streamed in, or the host's own: passed as it is
+                }
+                let first = &mut self.resident_first[q * nd + d as usize];
+                if *first == u32::MAX {
+                    lookups += 1;
+                }
+                *first = (*first).min(seg.node_segment[u as usize]);
+            }
+        }
+        for &s in self.resident_first.iter().filter(|&&s| s != u32::MAX) {
+            self.runtime_s[s as usize] += host.resident_lookup_s;
+        }
+        let direct = num_segments == 1
+            && seg.segment_device[0] == HOST
+            && seg.spans.is_empty()
+            && lookups == 0;
+        if !direct {
+            for work in &mut self.runtime_s {
+                *work += host.segment_call_s;
+            }
+        }
     }
 
     /// Empty memory events and queues, and the prefetches issued at the
@@ -879,12 +938,14 @@ impl Workspace {
                 &mut clock.queues,
                 &mut self.seg_ready,
             );
+            // the runtime's own work before the call (not the segment's compute)
+            let worked = clock.queues.free_at(Resource::Compute(dev)) + self.runtime_s[su];
+            clock.queues.hold(Resource::Compute(dev), worked);
             // reads issued by the segment for itself (prefetch depth 0) delay it, and
             // what the reads issued take from the host's compute
-            start = start
-                .max(self.seg_ready[su])
-                .max(clock.queues.free_at(Resource::Compute(dev)));
+            start = start.max(self.seg_ready[su]).max(worked);
             // Compared first: two infinite times would subtract to NaN.
+            let ready = ready.max(free + self.runtime_s[su]);
             clock.prefetch_wait_s[su] = if start > ready { start - ready } else { 0.0 };
         }
         start
