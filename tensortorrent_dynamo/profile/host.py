@@ -251,9 +251,10 @@ class HostProfile:
         if self.measurements is None:
             return (0.0, 0.0, 0.0)
         work = self.measurements.runtime
-        return tuple(  # type: ignore[return-value]
+        call, resident, stream = (
             max(0.0, f.value or 0.0) for f in (work.segment_call, work.resident, work.stream)
         )
+        return call, resident, stream
 
     @classmethod
     def from_measurements(cls, m: Measurements, source: str) -> HostProfile:

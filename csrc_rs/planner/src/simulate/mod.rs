@@ -699,7 +699,8 @@ impl Workspace {
     /// parameter first passed to a segment on its device there (one on an
     /// accelerator, or one whose home is disk), and the prefetch, wait and
     /// evict of each parameter streamed in for it. A plan of one host
-    /// segment without any of these is called as that segment: no work.
+    /// segment without any of these (and no state input) is called as that
+    /// segment: no work.
     fn runtime_work(&mut self, inp: Inputs) {
         let (g, pl, seg) = (inp.g, inp.pl, inp.seg);
         let host = &inp.devices[HOST as usize];
@@ -734,10 +735,12 @@ impl Workspace {
         for &s in self.resident_first.iter().filter(|&&s| s != u32::MAX) {
             self.runtime_s[s as usize] += host.resident_lookup_s;
         }
+        // (a state input is held by a runtime op of its own, `ops.state`)
         let direct = num_segments == 1
             && seg.segment_device[0] == HOST
             && seg.spans.is_empty()
-            && lookups == 0;
+            && lookups == 0
+            && g.state_pairs().is_empty();
         if !direct {
             for work in &mut self.runtime_s {
                 *work += host.segment_call_s;
