@@ -15,7 +15,7 @@ Cases, of the kinds the other benches and the corpus plan:
   small linears in a row (per-op cost), wide linears at batch 4 (memory-bound matmuls),
   and a tiny Llama from the corpus;
 - ``disk/*``: a CPU budget of half the weights, the rest read from disk each call (the
-  ram_offload bench's quick MLP, and the tiny Llama);
+  ram_offload bench's quick MLP at batch 16 and at batch 256, and the tiny Llama);
 - ``virtual/*``: the corpus's quick entries on a virtual device at a third of their
   weights. A virtual device computes on the host at the host's speed while the plan
   assumed the virtual device's figures, so only its peak memory is compared there.
@@ -367,6 +367,9 @@ def _run_cases(args: argparse.Namespace, cases: dict[str, dict[str, Any]], scrat
     with tempfile.TemporaryDirectory(prefix="tt-fidelity-") as offload:
         disk: dict[str, tuple[torch.nn.Module, Inputs | dict[str, Any]]] = {
             "ram_offload_quick": (mlp(2048, 8), (torch.randn(16, 2048),)),
+            # batch 256: the matmuls bound by FLOPs while the reads run, as at the
+            # ram_offload bench's large batch (the reads and the compute slow each other)
+            "ram_offload_quick_b256": (mlp(2048, 8), (torch.randn(256, 2048),)),
         }
         if not args.quick:
             disk["llama_tiny"] = _llama()

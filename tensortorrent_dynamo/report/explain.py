@@ -520,8 +520,10 @@ def explain_graph(graph: CompiledGraph) -> str:
         if native.prefetch_window_bytes:
             window = format_bytes(native.prefetch_window_bytes)
             when = f"each prefetched as early as a {window} window of buffers allows"
-        elif native.prefetch_depth:
+        elif native.prefetch_depth == 1:
             when = "prefetched one segment ahead"
+        elif native.prefetch_depth:
+            when = f"prefetched {native.prefetch_depth} segments ahead"
         else:
             when = "each read when its segment starts, one buffer"
         lines.append(
@@ -548,7 +550,36 @@ def explain_graph(graph: CompiledGraph) -> str:
     if graph.last_call_s is not None:
         timing += f", measured (last call): {format_seconds(graph.last_call_s)}"
     lines.append(timing)
+    lines += _explain_prediction_off(graph)
     return "\n".join(lines)
+
+
+PREDICTION_OFF = 1.3
+"""How many times the predicted time (or a fraction of it) a call may take before explain()
+points at the profile the plan was made with: with a profile measured minutes before, the
+fidelity bench's calls came within 22% of their predictions on the 2-core development
+machine, where the same plans made with its cached profile, three hours old, were predicted
+up to 36% short (``docs/profile.md``)."""
+
+
+def _explain_prediction_off(graph: CompiledGraph) -> list[str]:
+    """A line when the last call (not the one that compiled the graph, which warms the
+    caches up) took more than ``PREDICTION_OFF`` times the predicted time or less than its
+    inverse: the plan's choices rest on the profile's rates, which drift on a shared
+    machine."""
+    predicted, measured = graph.plan.predicted_time_s, graph.last_call_s
+    if graph.calls < 2 or measured is None or predicted <= 0 or measured <= 0:
+        return []
+    ratio = measured / predicted
+    if 1 / PREDICTION_OFF <= ratio <= PREDICTION_OFF:
+        return []
+    return [
+        f"  the last call took {ratio:.2f}x the predicted time (more than "
+        f"{PREDICTION_OFF:.1f}x off): the plan rests on the profile's rates (profile "
+        f"{graph.profile.source}), and a shared machine's rates drift within hours; "
+        "`tensortorrent validate-hardware` measures them again, and the next compile plans "
+        "with them"
+    ]
 
 
 def _frames(graphs: Sequence[CompiledGraph]) -> list[list[CompiledGraph]]:

@@ -98,6 +98,49 @@ transfer_1 = tensortorrent_dynamo_run_ops_transfer(tt_runtime, submod_3, 'cpu')"
         )
 
 
+def test_explain_says_how_many_segments_ahead_streamed_parameters_are_prefetched() -> None:
+    torch._dynamo.reset()
+    model, x = mlp(32, 6), torch.randn(4, 32)
+    compiled = tt.compile(
+        model,
+        example_inputs=(x,),
+        budgets={"virtual:0": "16KiB", "cpu": "1GiB"},
+        virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
+        compiler="eager",
+        profile="nominal",
+        prefetch_depth=2,
+    )
+    (graph,) = compiled.graphs
+    assert graph.plan.native.prefetch_depth == 2
+    (line,) = [s for s in compiled.explain().splitlines() if "streamed parameters (" in s]
+    assert "prefetched 2 segments ahead" in line, line
+
+
+def test_explain_points_at_the_profile_when_a_call_is_far_off_its_prediction() -> None:
+    torch._dynamo.reset()
+    model, x = mlp(32, 3), torch.randn(4, 32)
+    compiled = tt.compile(model, example_inputs=(x,), compiler="eager", profile="nominal")
+    (graph,) = compiled.graphs
+    predicted = graph.plan.predicted_time_s
+
+    def off_lines() -> list[str]:
+        return [s for s in compiled.explain().splitlines() if "the last call took" in s]
+
+    assert graph.calls == 1  # the call that compiled, which warms the caches up
+    graph.last_call_s = 3 * predicted
+    assert off_lines() == []
+    with torch.no_grad():
+        compiled(x)
+    for measured, shown in ((2 * predicted, "2.00x"), (predicted / 4, "0.25x")):
+        graph.last_call_s = measured
+        (line,) = off_lines()
+        assert f"took {shown} the predicted time" in line
+        assert "profile nominal" in line and "tensortorrent validate-hardware" in line
+    for measured in (predicted, 1.25 * predicted, predicted / 1.25):
+        graph.last_call_s = measured
+        assert off_lines() == []
+
+
 def test_explain_names_the_rate_each_dtypes_flops_are_costed_at() -> None:
     torch._dynamo.reset()
     model, x = mlp(32, 3).to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
