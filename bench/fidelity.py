@@ -281,6 +281,7 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
         "cpu_op_latency_s": cpu.latency_s,
         "disk_read_bytes_per_s": profile.disk_read_bytes_per_s,
         "disk_stream_bytes_per_s": profile.disk_stream_bytes_per_s,
+        "disk_stream_small_bytes_per_s": profile.disk_stream_small_bytes_per_s,
         "compute_slowdown_while_reading": profile.compute_slowdown_while_reading,
         "read_cpu_s": profile.read_cpu_s,
         "inline_read_s": profile.inline_read_s,
@@ -290,7 +291,8 @@ def _fresh_profile(scratch: Path, disk: bool) -> tuple[Path, dict[str, Any]]:
     }
     disk_text = (
         f", disk {figures['disk_read_bytes_per_s'] / 1e9:.2f} GB/s "
-        f"({(figures['disk_stream_bytes_per_s'] or 0) / 1e9:.2f} streaming, compute "
+        f"({(figures['disk_stream_bytes_per_s'] or 0) / 1e9:.2f} streaming, "
+        f"{(figures['disk_stream_small_bytes_per_s'] or 0) / 1e9:.2f} in 4 MiB reads, compute "
         f"{figures['compute_slowdown_while_reading']:.2f}x while reading, "
         f"{figures['read_cpu_s'] * 1e6:.0f} us a read handed on, "
         f"{figures['inline_read_s'] * 1e6:.0f} us one made inline)"

@@ -173,6 +173,12 @@ class HostProfile:
         return self.measurements.disk.stream.value if self.measurements else None
 
     @property
+    def disk_stream_small_bytes_per_s(self) -> float | None:
+        """The same stream's rate in 4 MiB reads (``disk.stream_small``), if measured; the
+        planner does not use it yet."""
+        return self.measurements.disk.stream_small.value if self.measurements else None
+
+    @property
     def planned_disk_read_bytes_per_s(self) -> float:
         """The disk read rate the planner costs reads at: the reader's while the host
         computes (``disk.stream``), else the disk's own (``disk.read``), else the nominal

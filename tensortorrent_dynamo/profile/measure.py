@@ -370,6 +370,9 @@ SLOWDOWN_TURNS = 3
 its turns (a reader's first turn is often its slowest)."""
 STREAM_READS = 24
 """Reads of one turn of the stream (384 MiB of 16 MiB reads: about 0.1 s at 4 GB/s)."""
+SMALL_STREAM_BYTES = 4 * _MIB
+"""The reads of the small stream (``disk.stream_small``): row chunks of a quarter of
+``DEFAULT_CHUNK_BYTES``."""
 
 
 def _guarded_pieces(
@@ -397,9 +400,10 @@ def _guarded_pieces(
 
 
 class StreamProbe:
-    """The host streaming weights from disk as a small-batch plan does, timed once for two
-    figures: the rate its reads run at (``disk.stream``) and how many times longer its
-    matmuls take than alone (``disk.compute_slowdown``).
+    """The host streaming weights from disk as a small-batch plan does, timed for three
+    figures: the rate its reads run at (``disk.stream``), how many times longer its matmuls
+    take than alone (``disk.compute_slowdown``), and the rate of the same stream in reads
+    of ``SMALL_STREAM_BYTES`` (``disk.stream_small``).
 
     The runtime reads a streamed weight through a :class:`~..io.reader.DiskReader`, each
     read verified on the verifier thread (a checksum per block), submitted by the calling
@@ -420,12 +424,25 @@ class StreamProbe:
     call (3.4-3.8 GB/s), which the simulator costed reads at, 20-26% under a call's disk time.
     This loop measured 1.00-1.18x and 3.4-3.9 GB/s there in twelve profiles of the fidelity
     bench (the disk's own rate 3.3-4.6 GB/s in the same profiles).
+
+    The small stream runs the same loop with reads of ``SMALL_STREAM_BYTES`` and a weight of
+    their size, as many bytes: where the reads land decides how fast they run (the pool's
+    buffers, ``io.pool.direct_io_memory``), and a stream of small reads lands in few
+    buffers, three of 4 MiB against three of 16 MiB. On the 2-core development machine
+    (2026-12-05) the reader read 2.9-3.2 GB/s into 12 MiB of buffers and 1.8-1.9 GB/s into
+    48 MiB, alone; this probe measured 1.74-2.32 GB/s for the small stream against
+    1.93-1.96 for the other; and ``bench.ram_offload``'s batch-16 call ran 5.6% faster in
+    4 MiB chunks than in 16 MiB ones (10% with reads two segments ahead; medians of the
+    ratios of 16 calls taken in turn in one process), where its batch-256 call ran 16%
+    slower. The figure is measured and reported; the planner does not use it yet (it costs
+    every read at ``disk.stream``): planning a disk plan in chunks of both sizes, each at
+    its stream's rate, and keeping the faster is the next step.
     """
 
     def __init__(self, bench: DiskBench, budget: Budget) -> None:
         self._bench = bench
         self._budget = budget
-        self._figures: tuple[Figure, Figure] | BaseException | None = None
+        self._figures: tuple[Figure, Figure, Figure] | BaseException | None = None
 
     def rate(self) -> Figure:
         """Bytes per second of the stream's reads (``disk.stream``)."""
@@ -435,36 +452,52 @@ class StreamProbe:
         """The stream's matmul time over its time alone (``disk.compute_slowdown``)."""
         return self._measure()[1]
 
-    def _measure(self) -> tuple[Figure, Figure]:
+    def small_rate(self) -> Figure:
+        """Bytes per second of the stream's reads in reads of ``SMALL_STREAM_BYTES``
+        (``disk.stream_small``)."""
+        return self._measure()[2]
+
+    def _measure(self) -> tuple[Figure, Figure, Figure]:
         if self._figures is None:
             try:
                 self._figures = self._run()
-            except BaseException as exc:  # both figures fail with it, the stream run once
+            except BaseException as exc:  # every figure fails with it, the stream run once
                 self._figures = exc
         if isinstance(self._figures, BaseException):
             raise self._figures
         return self._figures
 
-    def _run(self) -> tuple[Figure, Figure]:
+    def _run(self) -> tuple[Figure, Figure, Figure]:
         budget = self._budget
         pieces = _guarded_pieces(self._bench, min(self._bench.nbytes, DEFAULT_CHUNK_BYTES))
-        piece = pieces[0].nbytes
+        small_pieces = _guarded_pieces(self._bench, min(self._bench.nbytes, SMALL_STREAM_BYTES))
+        piece, small_piece = pieces[0].nbytes, small_pieces[0].nbytes
+        small_reads = STREAM_READS * piece // small_piece  # as many bytes
         n = max(1, math.isqrt(piece // 4))  # a float32 weight of the read's size
         call, copies = _cycling_matmul("cpu", torch.float32, SLOWDOWN_ROWS, n)
+        small_call, _ = _cycling_matmul(
+            "cpu", torch.float32, SLOWDOWN_ROWS, max(1, math.isqrt(small_piece // 4))
+        )
 
-        def stream(reader: DiskReader, pool: HostBufferPool) -> tuple[float, float]:
+        def stream(
+            reader: DiskReader,
+            pool: HostBufferPool,
+            locations: list[TensorLocation],
+            reads: int,
+            compute: Callable[[], None],
+        ) -> tuple[float, float]:
             """Seconds of one turn of the stream, and its median matmul's."""
             times: list[float] = []
             flight: list[concurrent.futures.Future[ReadResult]] = []
             submitted = 0
             start = time.perf_counter()
-            for _ in range(STREAM_READS):
-                while submitted < STREAM_READS and len(flight) < SLOWDOWN_READS_IN_FLIGHT:
-                    flight.append(reader.submit(pieces[submitted % len(pieces)]))
+            for _ in range(reads):
+                while submitted < reads and len(flight) < SLOWDOWN_READS_IN_FLIGHT:
+                    flight.append(reader.submit(locations[submitted % len(locations)]))
                     submitted += 1
                 landed = flight.pop(0).result()
                 begin = time.perf_counter()
-                call()
+                compute()
                 times.append(time.perf_counter() - begin)
                 pool.give(landed.buffer)
             return time.perf_counter() - start, statistics.median(times)
@@ -472,14 +505,20 @@ class StreamProbe:
         alone: list[float] = []
         streamed: list[float] = []
         rates: list[float] = []
-        pool = HostBufferPool()
-        with DiskReader(pool) as reader:
-            stream(reader, pool)  # untimed: the pool's buffers and the threads start cold
+        small_rates: list[float] = []
+        # each stream's buffers in a pool of its own: its reads land in those few alone
+        pool, small_pool = HostBufferPool(), HostBufferPool()
+        with DiskReader(pool) as reader, DiskReader(small_pool) as small_reader:
+            # untimed: the pools' buffers and the threads start cold
+            stream(reader, pool, pieces, STREAM_READS, call)
+            stream(small_reader, small_pool, small_pieces, small_reads, small_call)
             for _ in range(SLOWDOWN_TURNS):
                 alone.append(time_per_call(call, _sync(("cpu",)), budget)[0])
-                seconds, matmul = stream(reader, pool)
+                seconds, matmul = stream(reader, pool, pieces, STREAM_READS, call)
                 rates.append(STREAM_READS * piece / seconds)
                 streamed.append(matmul)
+                seconds, _ = stream(small_reader, small_pool, small_pieces, small_reads, small_call)
+                small_rates.append(small_reads * small_piece / seconds)
         how = (
             f"{STREAM_READS} reads of {format_bytes(piece)} from {pieces[0].path.parent} "
             f"through a DiskReader, {SLOWDOWN_READS_IN_FLIGHT} in flight, each verified as the "
@@ -500,6 +539,16 @@ class StreamProbe:
                 method=(
                     "the median matmul in the stream over its median alone (the median of "
                     f"each over its turns): {how}"
+                ),
+            ),
+            Figure(
+                value=statistics.median(small_rates),
+                unit="B/s",
+                method=(
+                    f"bytes over the time of the stream in {small_reads} reads of "
+                    f"{format_bytes(small_piece)} (as many bytes, buffers of their own, a "
+                    "weight of a read's size), each turn right after the other stream's: "
+                    f"{how}; the median of its turns"
                 ),
             ),
         )
@@ -929,6 +978,12 @@ def _plan_disk(
         _Step(("disk", "read"), f"disk read at {offload_dir}", "B/s", bench.read),
         _Step(("disk", "latency"), f"disk 4 KiB latency at {offload_dir}", "s", bench.latency),
         _Step(("disk", "stream"), "disk reads while the cpu computes", "B/s", probe.rate),
+        _Step(
+            ("disk", "stream_small"),
+            "small disk reads while the cpu computes",
+            "B/s",
+            probe.small_rate,
+        ),
         _Step(("disk", "read_cpu"), "cpu taken by small disk reads", "s", small.read_cpu),
         _Step(("disk", "read_inline"), "small disk reads made inline", "s", small.read_inline),
         _Step(
@@ -1098,6 +1153,7 @@ def measure_host(
             latency=results[("disk", "latency")],
             compute_slowdown=results[("disk", "compute_slowdown")],
             stream=results[("disk", "stream")],
+            stream_small=results[("disk", "stream_small")],
             read_cpu=results[("disk", "read_cpu")],
             read_inline=results[("disk", "read_inline")],
         )

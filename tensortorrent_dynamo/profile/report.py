@@ -96,6 +96,12 @@ def format_report(m: Measurements) -> str:
         ["disk", "write", format_value(disk.write), _disk_how(disk.write)],
         ["disk", "read", format_value(disk.read), _disk_how(disk.read)],
         ["disk", "read while streaming", format_value(disk.stream), disk.stream.note],
+        [
+            "disk",
+            "read while streaming 4 MiB reads",
+            format_value(disk.stream_small),
+            disk.stream_small.note,
+        ],
         ["disk", "cpu a read in flight takes", format_value(disk.read_cpu), disk.read_cpu.note],
         ["disk", "32 KiB read inline", format_value(disk.read_inline), disk.read_inline.note],
         ["disk", "4 KiB random read", format_value(disk.latency), _disk_how(disk.latency)],

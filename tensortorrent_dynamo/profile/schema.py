@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 11
+METHODS_REVISION = 12
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -35,7 +35,8 @@ compute while in flight is measured, ``measure.SmallReadProbe``; 10: a small rea
 calling thread makes itself is timed, ``DiskFigures.read_inline``, and the reads in flight
 that the small-read probe times are of a size the reader hands to its threads,
 ``io.reader.INLINE_READ_BYTES``; 11: the runtime's own work between segments is timed,
-``Measurements.runtime``): a cached short profile of an older revision is measured
+``Measurements.runtime``; 12: the stream is timed in 4 MiB reads too,
+``DiskFigures.stream_small``): a cached short profile of an older revision is measured
 again. A file without one is revision 1."""
 
 INLINE_PROBE_BYTES = 32 * 2**10
@@ -72,8 +73,9 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 COMPUTE_SLOWDOWN_NOTE = "not measured (a profile written before this figure was)"
-"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream``, ``disk.read_cpu``,
-``disk.read_inline`` or ``runtime`` figures: it was measured before the figure was."""
+"""Why a profile has no ``disk.compute_slowdown``, ``disk.stream``, ``disk.stream_small``,
+``disk.read_cpu``, ``disk.read_inline`` or ``runtime`` figures: it was measured before the
+figure was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +343,11 @@ class DiskFigures:
     )
     """The rate of the disk reader's verified reads while the host computes on them, as a
     streamed plan's (``measure.StreamProbe``): what the planner costs reads at."""
+    stream_small: Figure = dataclasses.field(
+        default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
+    )
+    """The same stream's rate in reads of ``measure.SMALL_STREAM_BYTES`` (4 MiB), landing in
+    fewer buffers (measured and reported; the planner costs every read at ``stream``)."""
     read_cpu: Figure = dataclasses.field(
         default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
     )
@@ -360,6 +367,7 @@ class DiskFigures:
             "latency": self.latency.to_dict(),
             "compute_slowdown": self.compute_slowdown.to_dict(),
             "stream": self.stream.to_dict(),
+            "stream_small": self.stream_small.to_dict(),
             "read_cpu": self.read_cpu.to_dict(),
             "read_inline": self.read_inline.to_dict(),
         }
@@ -375,6 +383,7 @@ class DiskFigures:
             latency=Figure.from_dict(data.get("latency"), f"{where}.latency"),
             compute_slowdown=_optional(data, "compute_slowdown", "x", where),
             stream=_optional(data, "stream", "B/s", where),
+            stream_small=_optional(data, "stream_small", "B/s", where),
             read_cpu=_optional(data, "read_cpu", "s", where),
             read_inline=_optional(data, "read_inline", "s", where),
         )
@@ -390,6 +399,7 @@ class DiskFigures:
             latency=Figure.absent("s", reason),
             compute_slowdown=Figure.absent("x", reason),
             stream=Figure.absent("B/s", reason),
+            stream_small=Figure.absent("B/s", reason),
             read_cpu=Figure.absent("s", reason),
             read_inline=Figure.absent("s", reason),
         )

@@ -74,3 +74,12 @@ def test_a_profile_written_before_the_runtime_s_work_was_timed_leaves_it_unmodel
     assert profile.measurements is not None
     assert "written before" in profile.measurements.runtime.segment_call.note
     assert profile.runtime_work_s == (0.0, 0.0, 0.0)
+
+
+def test_a_profile_written_before_the_small_stream_was_timed_loads_without_it() -> None:
+    raw = HostProfile.from_measurements(nominal_measurements(), "x").to_dict()
+    del raw["disk"]["stream_small"]
+    profile = HostProfile.from_dict(raw, "older")
+    assert profile.measurements is not None
+    assert "written before" in profile.measurements.disk.stream_small.note
+    assert profile.disk_stream_small_bytes_per_s is None

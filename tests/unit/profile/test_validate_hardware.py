@@ -182,6 +182,11 @@ def test_every_figure_has_unit_and_method(run: Run) -> None:
     assert 0 < report["disk"]["latency"]["value"] < 1
     # compute while the disk reads, over compute alone: near 1 or above, never far below
     assert 0.5 < report["disk"]["compute_slowdown"]["value"] < 10
+    # the same stream in 4 MiB reads: a rate of the same order as the 16 MiB reads'
+    stream, small = report["disk"]["stream"], report["disk"]["stream_small"]
+    assert 0.2 < small["value"] / stream["value"] < 5, (small, stream)
+    assert "reads of 4.00 MiB" in small["method"]
+    assert "read while streaming 4 MiB reads" in run.output
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA links to measure")
