@@ -26,6 +26,7 @@ from .io.files import digest
 from .passes.chunk_weights import ChunkedGraph, chunk_weights
 from .passes.rewrite import rewrite
 from .passes.state_in_place import StateInPlace, copy_module
+from .plan.chunk_sizes import chunk_sizes
 from .plan.decisions import Decisions
 from .plan.kv_cache import KvCache, explain_infeasible
 from .plan.planner import GraphPlan, Keep, Split, plan_graph
@@ -74,22 +75,7 @@ def plan_and_compile(
         )
         return again
     check_fallbacks(cost, settings.strict)
-    chunked = (
-        chunk_weights(
-            gm,
-            example_inputs,
-            cost,
-            settings.stream_chunk_bytes,
-            graph_inputs.params,
-            graph_inputs.state,
-        )
-        if settings.stream_chunk_bytes
-        else None
-    )
-    try:
-        plan = _plan(session, cost, chunked, example_inputs, profile, frame, replacing, keep)
-    except PlanInfeasible as exc:
-        raise _infeasible(exc, session, gm, cost, chunked, example_inputs, profile, frame) from None
+    plan, chunked = _plan_chunked(session, gm, graph_inputs, cost, profile, frame, replacing, keep)
     module = gm
     if plan.split and chunked is not None:
         module, weights = chunked.module, chunked.weights(plan.cost, example_inputs)
@@ -176,10 +162,69 @@ class Replanner:
         self.gm = None
 
 
+def _plan_chunked(
+    session: Session,
+    gm: torch.fx.GraphModule,
+    graph_inputs: GraphInputs,
+    cost: CostGraph,
+    profile: HostProfile,
+    frame: int | None,
+    replacing: CompiledGraph | None,
+    keep: Keep | None,
+) -> tuple[GraphPlan, ChunkedGraph | None]:
+    """The plan of ``cost`` (:func:`_plan`) with its large weights cut in row chunks of each
+    size ``plan.chunk_sizes`` names, in turn, and the chunked graph it plans: the one
+    predicted fastest. A size after the first counts only where its plan reads chunks from
+    disk (the first is planned with the weights whole too), and is not planned where the
+    first's plan reads nothing from disk; where none fits, the first size's error."""
+    example_inputs = graph_inputs.values
+    saved = None
+    if session.settings.plan is not None:
+        record = session.saved_plan().record_for(cost)
+        saved = record["decisions"].get("chunk_bytes") if record is not None else None
+    found: list[tuple[GraphPlan, ChunkedGraph | None, int]] = []
+    others: list[tuple[int, float | None]] = []
+    failed: tuple[PlanInfeasible, ChunkedGraph | None, int] | None = None
+    for i, size in enumerate(chunk_sizes(session.settings, profile, saved) or [0]):
+        if i > 0 and found and not any(r.on_disk for r in found[0][0].residency):
+            break
+        chunked = (
+            chunk_weights(gm, example_inputs, cost, size, graph_inputs.params, graph_inputs.state)
+            if size
+            else None
+        )
+        if i > 0 and chunked is None:
+            continue
+        try:
+            plan = _plan(
+                session, cost, chunked, size, example_inputs, profile, frame, replacing, keep
+            )
+        except PlanInfeasible as error:
+            failed = failed or (error, chunked, size)
+            others.append((size, None))
+            continue
+        if i > 0 and not plan.split:
+            others.append((size, None))
+            continue
+        found.append((plan, chunked, size))
+    if not found:
+        assert failed is not None
+        first, chunked, size = failed
+        raise _infeasible(
+            first, session, gm, cost, chunked, size, example_inputs, profile, frame
+        ) from None
+    plan, chunked, _ = min(found, key=lambda f: f[0].predicted_time_s)
+    others += [(size, p.predicted_time_s) for p, _, size in found if p is not plan]
+    if others:
+        plan = dataclasses.replace(plan, other_chunk_plans=tuple(others))
+    return plan, chunked
+
+
 def _plan(
     session: Session,
     cost: CostGraph,
     chunked: ChunkedGraph | None,
+    chunk_bytes: int,
     example_inputs: Sequence[Any],
     profile: HostProfile,
     frame: int | None,
@@ -198,7 +243,7 @@ def _plan(
     split = None
     if chunked is not None:
         assert chunked.cost is not None
-        split = Split(chunked.cost, chunked.rows())
+        split = Split(chunked.cost, chunked.rows(), chunk_bytes)
     names = shared_names(session, cost)
     shared = share_resident(session, cost, example_inputs, profile, frame)
     room = session.working_room(frame)
@@ -323,12 +368,14 @@ def _infeasible(
     gm: torch.fx.GraphModule,
     cost: CostGraph,
     chunked: ChunkedGraph | None,
+    chunk_bytes: int,
     example_inputs: Sequence[Any],
     profile: HostProfile,
     frame: int | None,
 ) -> PlanInfeasible:
     """``error``, or for a graph holding a static KV cache, the error naming the cache's
-    size and the largest length that fits (``plan.kv_cache``)."""
+    size and the largest length that fits (``plan.kv_cache``; ``chunked``: the graph in row
+    chunks of at most ``chunk_bytes`` that was planned too)."""
     cache = KvCache.find(gm, cost)
     if cache is None:
         return error
@@ -348,7 +395,15 @@ def _infeasible(
                 split_cost = split_cache.shortened(chunked.module, chunked.cost, length)
             split = dataclasses.replace(chunked, cost=split_cost)
         try:
-            _plan(trial, cache.shortened(gm, cost, length), split, example_inputs, profile, frame)
+            _plan(
+                trial,
+                cache.shortened(gm, cost, length),
+                split,
+                chunk_bytes,
+                example_inputs,
+                profile,
+                frame,
+            )
         except PlanInfeasible:
             return False
         return True

@@ -25,6 +25,9 @@ OBJECTIVES, COMPILERS, REPLANS = get_args(Objective), get_args(Compiler), get_ar
 PROFILE_ENV = "TENSORTORRENT_PROFILE"
 PLAN_CACHE_ENV = "TENSORTORRENT_PLAN_CACHE"
 DEFAULT_STREAM_CHUNK_BYTES = 16 * 2**20
+"""The row chunks a disk plan is planned in (``stream_chunk_bytes="auto"``), and, where the
+profile measured 4 MiB reads faster (``disk.stream_small``), 4 MiB ones too
+(``plan.chunk_sizes``)."""
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+|virtual:\d+)$")
 DEVICE_FORMS = "'cpu', 'cuda:N' (or 'cuda'), 'virtual:N'"
@@ -132,10 +135,12 @@ class Settings:
     checkpoint: str | None = _option(
         None, help="safetensors file with the weights of a model built on the meta device"
     )
-    stream_chunk_bytes: int = _option(
-        DEFAULT_STREAM_CHUNK_BYTES,
-        help="size, e.g. '16MiB' (the default): weights the plan puts on disk that are used "
-        "only by linear layers are planned in row chunks of at most this size; 0 turns it off",
+    stream_chunk_bytes: int | None = _option(
+        None,
+        help="size, e.g. '16MiB', or 'auto' (the default): weights the plan puts on disk that "
+        "are used only by linear layers are planned in row chunks of at most this size; "
+        "'auto' plans 16 MiB chunks, and 4 MiB ones too where the profile measured 4 MiB "
+        "reads faster, and keeps the faster plan; 0 turns it off",
     )
     io_timeout_s: float = _option(
         300.0, help="seconds a call waits for one disk read or copy before failing (default 300)"
@@ -393,9 +398,11 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
             raise OptionsError(f"option 'checkpoint': no safetensors file at {checkpoint!r}")
         checkpoint = str(Path(checkpoint).resolve())
 
-    stream_chunk_bytes = parse_bytes(
-        merged.get("stream_chunk_bytes", _default("stream_chunk_bytes")),
-        "option 'stream_chunk_bytes'",
+    chunk_option = merged.get("stream_chunk_bytes", _default("stream_chunk_bytes"))
+    stream_chunk_bytes = (
+        None
+        if chunk_option is None or chunk_option == "auto"
+        else parse_bytes(chunk_option, "option 'stream_chunk_bytes'")
     )
     io_timeout_s = _number(merged, "io_timeout_s", "seconds", minimum=0.0, inclusive=False)
     memory_slack = _number(merged, "memory_slack", "a fraction", minimum=0.0)

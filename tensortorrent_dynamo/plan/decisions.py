@@ -36,11 +36,16 @@ class Decisions:
     param_home: tuple[str, ...]
     split: bool
     plan_hash: str
+    # the most bytes of a row chunk of the split graph planned (0: not recorded, as before
+    # the planner chose among chunk sizes; the setting's size, or 16 MiB, then applies)
+    chunk_bytes: int = 0
 
     @classmethod
-    def of(cls, native: _planner.Plan, split: bool) -> Decisions:
-        """The decisions of ``native``, a plan of the split graph when ``split``."""
-        return cls._of(native, native.chosen, native, split)
+    def of(cls, native: _planner.Plan, split: bool, chunk_bytes: int | None = None) -> Decisions:
+        """The decisions of ``native``, a plan of the split graph when ``split``, in row
+        chunks of at most ``chunk_bytes``."""
+        made = cls._of(native, native.chosen, native, split)
+        return dataclasses.replace(made, chunk_bytes=chunk_bytes or 0) if split else made
 
     @classmethod
     def of_candidate(cls, native: _planner.Plan, name: str, split: bool) -> Decisions:
@@ -84,7 +89,8 @@ class Decisions:
         """Read :meth:`to_json`'s form; ``ValueError`` naming the first bad field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"decisions are {type(data).__name__}, not an object")
-        missing = sorted({f.name for f in dataclasses.fields(cls)} - set(data))
+        optional = {"chunk_bytes"}  # files written before it was recorded lack it
+        missing = sorted({f.name for f in dataclasses.fields(cls)} - set(data) - optional)
         if missing:
             raise ValueError(f"decisions lack {', '.join(missing)}")
         for key, kind in _LISTS.items():
@@ -100,6 +106,9 @@ class Decisions:
         for key, kind in (("chosen", str), ("plan_hash", str), ("split", bool)):
             if type(data[key]) is not kind:
                 raise ValueError(f"decisions.{key} is not a {kind.__name__}")
+        chunk_bytes = data.get("chunk_bytes", 0)
+        if type(chunk_bytes) is not int or not 0 <= chunk_bytes < 2**63:
+            raise ValueError("decisions.chunk_bytes is not an integer in [0, 2**63)")
         return cls(
             chosen=data["chosen"],
             node_device=tuple(data["node_device"]),
@@ -110,4 +119,5 @@ class Decisions:
             param_home=tuple(data["param_home"]),
             split=data["split"],
             plan_hash=data["plan_hash"],
+            chunk_bytes=chunk_bytes,
         )

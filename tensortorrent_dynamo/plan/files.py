@@ -53,7 +53,7 @@ def graph_record(plan: GraphPlan) -> dict[str, Any]:
     return {
         "graph_hash": plan.traced.digest(),
         "plan_hash": plan.plan_hash,
-        "decisions": Decisions.of(native, plan.split).to_json(),
+        "decisions": Decisions.of(native, plan.split, plan.chunk_bytes).to_json(),
         "chosen": native.chosen,
         "predicted_time_s": plan.predicted_time_s,
         "devices": [{"name": d.name, "budget_bytes": d.budget_bytes} for d in plan.devices],

@@ -227,6 +227,9 @@ class Split:
 
     cost: CostGraph
     rows: tuple[tuple[int, int] | None, ...]
+    # the most bytes of a chunk (``stream_chunk_bytes``): its reads are costed at the rate
+    # of reads that size (``HostProfile.disk_read_rate``)
+    chunk_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +252,11 @@ class GraphPlan:
     # ``Keep``), and the predicted time of the plan it would have had with its own set
     follows: int | None = None
     alone_predicted_s: float | None = None
+    # the most bytes of a row chunk when the plan is of the split graph (else ``None``),
+    # and, of each other chunk size planned (``plan.chunk_sizes``), the predicted time of
+    # its plan (``None``: it did not fit, or planned no weight in chunks)
+    chunk_bytes: int | None = None
+    other_chunk_plans: tuple[tuple[int, float | None], ...] = ()
 
     @property
     def plan_hash(self) -> str:
@@ -380,11 +388,14 @@ def native_device_list(
     profile: HostProfile,
     cost: CostGraph,
     keys: Sequence[RateKey] = (),
+    chunk_bytes: int | None = None,
 ) -> list[_planner.Device]:
     """The devices as the native planner takes them (host first), with a rate for each of
     ``cost``'s rate ``keys`` (:func:`rate_keys`); the host's compute slowed as measured
     while the disk reader streams (``disk.compute_slowdown``), which the simulator applies
-    to the part of each host node that runs while reads do."""
+    to the part of each host node that runs while reads do; its disk read at the rate of
+    reads of row chunks of at most ``chunk_bytes`` (``None``: whole weights;
+    ``HostProfile.disk_read_rate``)."""
     planner = native_planner()
     has_params = bool(cost.params)
     segment_call, resident_lookup, stream_op = profile.runtime_work_s
@@ -405,7 +416,7 @@ def native_device_list(
             mem_bytes_per_s=d.profile.memory_bandwidth_bytes_per_s or math.inf,
             # only the host reads from disk
             disk_bytes_per_s=(
-                profile.planned_disk_read_bytes_per_s
+                profile.disk_read_rate(chunk_bytes)[0]
                 if d.profile.is_host and has_params
                 else math.inf
             ),
@@ -463,7 +474,9 @@ def plan_graph(
     keys = rate_keys(
         [cost, split.cost if split is not None else None], [d.profile for d in devices]
     )
-    native_devices = native_device_list(devices, profile, cost, keys)
+    native_devices = native_device_list(
+        devices, profile, cost, keys, split.chunk_bytes if split is not None else None
+    )
     log.debug(
         "planning graph %d: %d nodes, %d params, devices %s, host compute %s",
         graph_index,
@@ -579,6 +592,7 @@ def plan_graph(
         split=chose_split,
         follows=follows,
         alone_predicted_s=alone,
+        chunk_bytes=split.chunk_bytes if chose_split and split is not None else None,
     )
 
 

@@ -96,7 +96,7 @@ def batch_sweep(
     for factor in factors:
         graph = scaled(plan.cost, factor)
         keys = rate_keys([graph], [d.profile for d in plan.devices])
-        devices = native_device_list(plan.devices, profile, graph, keys)
+        devices = native_device_list(plan.devices, profile, graph, keys, plan.chunk_bytes)
         try:
             step = replay_decisions(graph, devices, settings, host_compute, decisions, keys)
         except PlanInfeasible:

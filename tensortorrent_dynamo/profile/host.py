@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import INLINE_PROBE_BYTES, WIDE_ROWS_N, Figure, Measurements
+from .schema import INLINE_PROBE_BYTES, SMALL_STREAM_BYTES, WIDE_ROWS_N, Figure, Measurements
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -174,9 +174,22 @@ class HostProfile:
 
     @property
     def disk_stream_small_bytes_per_s(self) -> float | None:
-        """The same stream's rate in 4 MiB reads (``disk.stream_small``), if measured; the
-        planner does not use it yet."""
+        """The same stream's rate in 4 MiB reads (``disk.stream_small``), if measured."""
         return self.measurements.disk.stream_small.value if self.measurements else None
+
+    def disk_read_rate(self, chunk_bytes: int | None = None) -> tuple[float, str]:
+        """The rate the planner costs a plan's disk reads at, and which figure it is: for a
+        plan whose large weights are read in row chunks of at most ``chunk_bytes``
+        (``None``: whole), those of at most ``SMALL_STREAM_BYTES`` at the small stream's
+        (``disk.stream_small``) where measured, any other at
+        :attr:`planned_disk_read_bytes_per_s`."""
+        small = self.disk_stream_small_bytes_per_s
+        if small and chunk_bytes is not None and chunk_bytes <= SMALL_STREAM_BYTES:
+            return small, (
+                "profile disk.stream_small: the reader's verified reads of 4 MiB while the "
+                "host computes"
+            )
+        return self.planned_disk_read_bytes_per_s, self.planned_disk_read_source
 
     @property
     def planned_disk_read_bytes_per_s(self) -> float:

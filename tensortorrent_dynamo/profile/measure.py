@@ -32,6 +32,7 @@ from .disk import DiskBench, writable_problem
 from .runtime_work import RuntimeProbe
 from .schema import (
     INLINE_PROBE_BYTES,
+    SMALL_STREAM_BYTES,
     WIDE_ROWS_N,
     DeviceFigures,
     DiskFigures,
@@ -370,9 +371,6 @@ SLOWDOWN_TURNS = 3
 its turns (a reader's first turn is often its slowest)."""
 STREAM_READS = 24
 """Reads of one turn of the stream (384 MiB of 16 MiB reads: about 0.1 s at 4 GB/s)."""
-SMALL_STREAM_BYTES = 4 * _MIB
-"""The reads of the small stream (``disk.stream_small``): row chunks of a quarter of
-``DEFAULT_CHUNK_BYTES``."""
 
 
 def _guarded_pieces(
@@ -434,9 +432,8 @@ class StreamProbe:
     1.93-1.96 for the other; and ``bench.ram_offload``'s batch-16 call ran 5.6% faster in
     4 MiB chunks than in 16 MiB ones (10% with reads two segments ahead; medians of the
     ratios of 16 calls taken in turn in one process), where its batch-256 call ran 16%
-    slower. The figure is measured and reported; the planner does not use it yet (it costs
-    every read at ``disk.stream``): planning a disk plan in chunks of both sizes, each at
-    its stream's rate, and keeping the faster is the next step.
+    slower. The planner plans a disk plan in row chunks of both sizes, each costed at its
+    stream's rate, and keeps the faster (``plan.chunk_sizes``).
     """
 
     def __init__(self, bench: DiskBench, budget: Budget) -> None:

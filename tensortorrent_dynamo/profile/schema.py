@@ -39,6 +39,10 @@ that the small-read probe times are of a size the reader hands to its threads,
 ``DiskFigures.stream_small``): a cached short profile of an older revision is measured
 again. A file without one is revision 1."""
 
+SMALL_STREAM_BYTES = 4 * 2**20
+"""The reads of the disk reader's small stream (``DiskFigures.stream_small``): a plan in row
+chunks of at most this size is costed at its rate (``HostProfile.disk_read_rate``)."""
+
 INLINE_PROBE_BYTES = 32 * 2**10
 """The size of the reads ``disk.read_inline`` times (``measure.SmallReadProbe``), half the
 largest a calling thread makes itself (``io.reader.INLINE_READ_BYTES``): the planner takes
@@ -346,8 +350,8 @@ class DiskFigures:
     stream_small: Figure = dataclasses.field(
         default_factory=lambda: Figure.absent("B/s", COMPUTE_SLOWDOWN_NOTE)
     )
-    """The same stream's rate in reads of ``measure.SMALL_STREAM_BYTES`` (4 MiB), landing in
-    fewer buffers (measured and reported; the planner costs every read at ``stream``)."""
+    """The same stream's rate in reads of ``SMALL_STREAM_BYTES`` (4 MiB), landing in fewer
+    buffers: what the planner costs the reads of a plan in row chunks that small at."""
     read_cpu: Figure = dataclasses.field(
         default_factory=lambda: Figure.absent("s", COMPUTE_SLOWDOWN_NOTE)
     )

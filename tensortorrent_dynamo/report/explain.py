@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ..io.reader import INLINE_READ_BYTES
 from ..plan.planner import (
     RATE_DTYPES,
+    GraphPlan,
     attention_rate,
     calls_attention,
     dtype_rate,
@@ -210,6 +211,18 @@ def _device_rates(
     return f"{dev.name} matmuls {', '.join(parts)}"
 
 
+def _other_chunk_plans(plan: GraphPlan) -> str:
+    """How the plans in row chunks of other sizes compared (``plan.chunk_sizes``)."""
+    if not plan.other_chunk_plans:
+        return ""
+    others = [
+        (format_seconds(t) if t is not None else "no plan that fits and reads chunks")
+        + f" in {format_bytes(size)} chunks"
+        for size, t in plan.other_chunk_plans
+    ]
+    return " auto: the faster predicted, against " + ", ".join(others)
+
+
 def _explain_disk(graph: CompiledGraph) -> list[str]:
     """What the graph reads from disk: planned bytes and time, and the last call's."""
     plan = graph.plan
@@ -221,7 +234,7 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     kept = [i for i in on_disk if not plan.residency[i].streams]
     read_bytes = sum(params[i].nbytes for i in read)
     inline = [i for i in read if params[i].nbytes <= INLINE_READ_BYTES]
-    rate = graph.profile.planned_disk_read_bytes_per_s
+    rate, rate_source = graph.profile.disk_read_rate(plan.chunk_bytes)
     latency = graph.profile.planned_disk_latency_s
     inline_s = graph.profile.inline_read_s
     handed = len(read) - len(inline)
@@ -231,7 +244,7 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
         f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
         f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')}{per_read}",
-        f"    read rate from {graph.profile.planned_disk_read_source}",
+        f"    read rate from {rate_source}",
     ]
     if inline:
         lines.append(
@@ -253,13 +266,13 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
             f"    host compute costed {slowdown:.2f}x its rates while reads run: its measured "
             "slowdown while the disk reader streams (profile disk.compute_slowdown)"
         )
-    if graph.chunks is not None:
+    if graph.chunks is not None and plan.chunk_bytes is not None:
         chunked = graph.chunks
         chunks = [p for p in params if chunked.parent(p) != p.fqn]
         lines.append(
             f"    {len({chunked.parent(p) for p in chunks})} large weights planned as "
-            f"{len(chunks)} row chunks of at most "
-            f"{format_bytes(graph.settings.stream_chunk_bytes)} (stream_chunk_bytes)"
+            f"{len(chunks)} row chunks of at most {format_bytes(plan.chunk_bytes)} "
+            f"(stream_chunk_bytes{_other_chunk_plans(plan)})"
         )
     spans = [
         (e.start_s, e.end_s) for e in graph.runtime.recorder.events if e.resource == "disk->cpu"

@@ -18,7 +18,12 @@ def test_fidelity_bench_compares_every_case(tmp_path: Path) -> None:
     fidelity.main([*quick, "--results", str(tmp_path)])
     data = json.loads((tmp_path / "fidelity.json").read_text())
     cases = data["cases"]
-    assert {"host/mlp_512x8", "disk/ram_offload_quick", "virtual/llama"} <= set(cases)
+    assert {
+        "host/mlp_512x8",
+        "disk/ram_offload_quick",
+        "disk/ram_offload_quick_b256",
+        "virtual/llama",
+    } <= set(cases)
     for name, case in cases.items():
         assert "error" not in case, f"{name}: {case.get('error')}"
         assert len(case["rounds"]) == 2, name
@@ -31,5 +36,5 @@ def test_fidelity_bench_compares_every_case(tmp_path: Path) -> None:
     assert "busy disk->cpu" in cases["disk/ram_offload_quick"]["figures"]
     assert "peak virtual:0" in cases["virtual/llama"]["figures"]
     summary = data["summary"]
-    assert summary["host_and_disk"]["time"]["count"] == 3
+    assert summary["host_and_disk"]["time"]["count"] == 4
     assert set(summary["virtual"]) == {"peak"}
