@@ -178,14 +178,18 @@ def _plan_chunked(
     disk (the first is planned with the weights whole too), and is not planned where the
     first's plan reads nothing from disk; where none fits, the first size's error."""
     example_inputs = graph_inputs.values
-    saved = None
+    # a saved plan is replayed, and a plan keeping another graph's copies made, in the
+    # chunks that plan was in
+    pinned = session.settings.plan is not None or keep is not None
+    pinned_size = keep.chunk_bytes if keep is not None else None
     if session.settings.plan is not None:
         record = session.saved_plan().record_for(cost)
-        saved = record["decisions"].get("chunk_bytes") if record is not None else None
+        pinned_size = record["decisions"].get("chunk_bytes") if record is not None else None
     found: list[tuple[GraphPlan, ChunkedGraph | None, int]] = []
     others: list[tuple[int, float | None]] = []
     failed: tuple[PlanInfeasible, ChunkedGraph | None, int] | None = None
-    for i, size in enumerate(chunk_sizes(session.settings, profile, saved) or [0]):
+    sizes = chunk_sizes(session.settings, profile, pinned, pinned_size)
+    for i, size in enumerate(sizes or [0]):
         if i > 0 and found and not any(r.on_disk for r in found[0][0].residency):
             break
         chunked = (

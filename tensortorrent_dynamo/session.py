@@ -329,7 +329,8 @@ class Session:
             g.replan = None
         started = time.perf_counter()
         try:
-            replan(graph, args, Keep(leader.plan.graph_index, resident_set(leader.plan)))
+            keep = Keep(leader.plan.graph_index, resident_set(leader.plan), leader.plan.chunk_bytes)
+            replan(graph, args, keep)
         except PlanInfeasible as exc:  # it fit when first planned: keep that plan
             log.warning(
                 "graph %d planned again does not fit (%s): its plan is kept",

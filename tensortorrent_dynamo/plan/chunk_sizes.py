@@ -20,17 +20,21 @@ from ..profile.schema import SMALL_STREAM_BYTES
 from ..settings import DEFAULT_STREAM_CHUNK_BYTES, Settings
 
 
-def chunk_sizes(settings: Settings, profile: HostProfile, saved: int | None) -> list[int]:
+def chunk_sizes(
+    settings: Settings, profile: HostProfile, pinned: bool = False, size: int | None = None
+) -> list[int]:
     """The chunk sizes to plan in, in turn (the first is planned with the weights whole
-    too; ``[]``: weights are never cut, ``stream_chunk_bytes=0``): the setting's size where
-    it names one; with a saved plan (the ``plan`` option), the size it was planned in
-    (``saved``, ``None`` where it did not record one: the setting's, else 16 MiB); else 16
-    MiB, and 4 MiB too where the profile measured reads that size faster."""
+    too; ``[]``: weights are never cut, ``stream_chunk_bytes=0``). Where a plan must be
+    made in one size (``pinned``: a saved plan replayed, the ``plan`` option, or a plan
+    keeping another graph's resident copies, which are named by chunk), that one: ``size``,
+    else (``None``: not recorded, or that plan cut no weight) the setting's, else 16 MiB.
+    Otherwise the setting's size where it names one, else 16 MiB, and 4 MiB too where the
+    profile measured reads that size faster."""
     setting = settings.stream_chunk_bytes
     if setting == 0:
         return []
-    if settings.plan is not None:
-        return [saved or setting or DEFAULT_STREAM_CHUNK_BYTES]
+    if pinned:
+        return [size or setting or DEFAULT_STREAM_CHUNK_BYTES]
     if setting is not None:
         return [setting]
     sizes = [DEFAULT_STREAM_CHUNK_BYTES]

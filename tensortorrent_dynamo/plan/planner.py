@@ -341,6 +341,9 @@ class Keep:
 
     graph_index: int
     copies: frozenset[tuple[str, str]]
+    # the row chunks that graph's plan is in (``GraphPlan.chunk_bytes``): the copies are
+    # named by chunk, so this plan is made in chunks of that size too
+    chunk_bytes: int | None = None
 
 
 def resident_set(plan: GraphPlan) -> frozenset[tuple[str, str]]:

@@ -53,7 +53,14 @@ def test_sizes_follow_the_setting_then_a_saved_plan_then_the_profile(
 ) -> None:
     plan = options.pop("plan", None)
     settings = dataclasses.replace(parse_options(options), plan=plan)
-    assert chunk_sizes(settings, _profile(small), saved) == expected
+    assert chunk_sizes(settings, _profile(small), plan is not None, saved) == expected
+
+
+def test_a_plan_keeping_another_graph_s_copies_is_made_in_that_graph_s_chunks() -> None:
+    settings = parse_options({})
+    profile = _profile(2 * STREAM)
+    assert chunk_sizes(settings, profile, pinned=True, size=4 * MIB) == [4 * MIB]
+    assert chunk_sizes(settings, profile, pinned=True, size=None) == [16 * MIB]
 
 
 def test_reads_of_small_chunks_are_costed_at_the_small_stream_s_rate() -> None:
