@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ DECISIONS = Decisions(
     param_home=("disk", "host"),
     split=True,
     plan_hash="0123456789abcdef",
+    chunk_bytes=4 * 2**20,
 )
 
 
@@ -48,11 +50,19 @@ def test_decisions_survive_json() -> None:
         ({"prefetch_window_bytes": 1.5}, "prefetch_window_bytes"),
         ({"split": 1}, "split"),
         ({"chosen": None}, "chosen"),
+        ({"chunk_bytes": -1}, "chunk_bytes"),
+        ({"chunk_bytes": True}, "chunk_bytes"),
     ],
 )
 def test_a_bad_field_is_named(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Decisions.from_json({**DECISIONS.to_json(), **change})
+
+
+def test_decisions_saved_before_the_chunk_size_was_recorded_read_as_unrecorded() -> None:
+    data = DECISIONS.to_json()
+    del data["chunk_bytes"]
+    assert Decisions.from_json(data) == dataclasses.replace(DECISIONS, chunk_bytes=0)
 
 
 def test_a_missing_field_is_named() -> None:

@@ -30,7 +30,9 @@ def _split_plan() -> tuple[GraphPlan, HostProfile, Settings]:
     assert chunked is not None and chunked.cost is not None
     settings = parse_options(compiler="eager", budgets={"cpu": "320KiB"})
     profile = host_profile(settings)
-    plan = plan_graph(0, cost, profile, settings, {}, split=Split(chunked.cost, chunked.rows()))
+    plan = plan_graph(
+        0, cost, profile, settings, {}, split=Split(chunked.cost, chunked.rows(), 64 * 1024)
+    )
     assert plan.split
     return plan, profile, settings
 
@@ -49,7 +51,8 @@ def test_a_saved_plan_is_keyed_by_the_traced_graph_and_holds_its_decisions(
     saved = files.load(path)
     assert saved.explain == "explained"
     decisions = saved.check(plan.traced, profile)
-    assert decisions == Decisions.of(plan.native, split=True)
+    assert decisions == Decisions.of(plan.native, split=True, chunk_bytes=64 * 1024)
+    assert decisions.chunk_bytes == plan.chunk_bytes == 64 * 1024  # replayed in that size
     with pytest.raises(StalePlanError, match="no plan for this graph"):
         saved.check(plan.cost, profile)
 

@@ -51,7 +51,7 @@ def test_the_split_graph_is_planned_only_when_the_host_cannot_hold_the_weights()
     gm, inputs, cost = _graph(model, torch.randn(2, 256))
     chunked = chunk_weights(gm, inputs.values, cost, 64 * 1024, inputs.params)
     assert chunked is not None and chunked.cost is not None
-    split = Split(chunked.cost, chunked.rows())
+    split = Split(chunked.cost, chunked.rows(), 64 * 1024)
 
     roomy = _plan(cost, split, budgets={"cpu": "1GiB"})
     assert not roomy.split and roomy.cost is cost and roomy.traced is cost
