@@ -17,13 +17,19 @@ from tensortorrent_dynamo.session import Session
 from tensortorrent_dynamo.settings import parse_options
 
 
-def _plan(residency: dict[str, Residency], index: int = 0, follows: int | None = None) -> Any:
+def _plan(
+    residency: dict[str, Residency],
+    index: int = 0,
+    follows: int | None = None,
+    chunk_bytes: int | None = None,
+) -> Any:
     params = tuple(types.SimpleNamespace(fqn=fqn) for fqn in residency)
     plan = types.SimpleNamespace(
         cost=types.SimpleNamespace(params=params),
         residency=tuple(residency.values()),
         graph_index=index,
         follows=follows,
+        chunk_bytes=chunk_bytes,
     )
     plan.kept_bytes = functools.partial(GraphPlan.kept_bytes, plan)
     return plan
@@ -180,6 +186,7 @@ def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_
     session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
     prefill = _graph(1, {"a": ON_ACCELERATOR, "b": STREAMED}, index=0)
     decode = _graph(1, {"a": STREAMED, "b": ON_ACCELERATOR}, index=1)
+    decode.plan.chunk_bytes = 4 * 2**20  # planned in 4 MiB row chunks
     session.graphs.extend([prefill, decode])
     asked: list[tuple[Any, tuple[Any, ...], Keep]] = []
     released: list[Any] = []
@@ -203,7 +210,8 @@ def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_
     session.enter(decode, ("x",))
     assert asked == [], "the graph called most is never planned again for another"
     session.enter(prefill, ("y",))
-    assert asked == [(prefill, ("y",), Keep(1, frozenset({("b", "virtual:0")})))]
+    # the copies, and the size of the row chunks they are named by
+    assert asked == [(prefill, ("y",), Keep(1, frozenset({("b", "virtual:0")}), 4 * 2**20))]
     assert resident_set(prefill.plan) == resident_set(decode.plan)
     assert prefill.replan is None and decode.replan is None, "the frame is planned again once"
     assert sorted(map(id, released)) == sorted(map(id, hooks)), "the traced graphs let go"
