@@ -10,7 +10,10 @@ keeps the plan predicted faster (``pipeline._plan_chunked``). On the 2-core deve
 machine (2026-12-05) ``bench.ram_offload``'s batch-16 call, planned in 4 MiB chunks at the
 small stream's 2.56 GB/s, was predicted at 275 ms and measured at 294, against 338 and 348
 in 16 MiB chunks at 1.78 GB/s; at batch 256 the 16 MiB plan was predicted faster (640 ms
-against 674) and measured faster (708 against 887).
+against 674) and measured faster (708 against 887). It is opt-in: in the fidelity bench the
+quick MLP's batch-16 disk plan (8 x 2048², 16 MiB weights), planned so in 4 MiB chunks, ran
+31% and 43% slower than predicted (two rounds; its 16 MiB plan within a few percent), so the
+small stream's rate overstates what a small model's call reads at.
 """
 
 from __future__ import annotations

@@ -432,8 +432,9 @@ class StreamProbe:
     1.93-1.96 for the other; and ``bench.ram_offload``'s batch-16 call ran 5.6% faster in
     4 MiB chunks than in 16 MiB ones (10% with reads two segments ahead; medians of the
     ratios of 16 calls taken in turn in one process), where its batch-256 call ran 16%
-    slower. The planner plans a disk plan in row chunks of both sizes, each costed at its
-    stream's rate, and keeps the faster (``plan.chunk_sizes``).
+    slower. With ``stream_chunk_bytes="auto"`` (opt-in) the planner plans a disk plan in
+    row chunks of both sizes, each costed at its stream's rate, and keeps the faster
+    (``plan.chunk_sizes``).
     """
 
     def __init__(self, bench: DiskBench, budget: Budget) -> None:

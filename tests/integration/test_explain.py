@@ -15,15 +15,16 @@ from tensortorrent_dynamo.profile.schema import Figure, Measurements
 from tests.models import mlp
 
 
-def _compiled() -> tt.CompiledModule:
-    model, x = mlp(32, 3), torch.randn(4, 32)
+def _compiled(layers: int = 3, budget: str = "10KiB", **options: object) -> tt.CompiledModule:
+    model, x = mlp(32, layers), torch.randn(4, 32)
     return tt.compile(
         model,
         example_inputs=(x,),
-        budgets={"virtual:0": "10KiB", "cpu": "1GiB"},
+        budgets={"virtual:0": budget, "cpu": "1GiB"},
         virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
         compiler="eager",
         profile="nominal",
+        **options,
     )
 
 
@@ -100,16 +101,7 @@ transfer_1 = tensortorrent_dynamo_run_ops_transfer(tt_runtime, submod_3, 'cpu')"
 
 def test_explain_says_how_many_segments_ahead_streamed_parameters_are_prefetched() -> None:
     torch._dynamo.reset()
-    model, x = mlp(32, 6), torch.randn(4, 32)
-    compiled = tt.compile(
-        model,
-        example_inputs=(x,),
-        budgets={"virtual:0": "16KiB", "cpu": "1GiB"},
-        virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}},
-        compiler="eager",
-        profile="nominal",
-        prefetch_depth=2,
-    )
+    compiled = _compiled(layers=6, budget="16KiB", prefetch_depth=2)
     (graph,) = compiled.graphs
     assert graph.plan.native.prefetch_depth == 2
     (line,) = [s for s in compiled.explain().splitlines() if "streamed parameters (" in s]

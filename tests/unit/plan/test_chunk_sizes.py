@@ -37,10 +37,12 @@ def _profile(small: float | None) -> HostProfile:
 @pytest.mark.parametrize(
     ("options", "small", "saved", "expected"),
     [
-        ({}, 2 * STREAM, None, [16 * MIB, 4 * MIB]),
+        ({}, 2 * STREAM, None, [16 * MIB]),  # the default: 16 MiB, "auto" is opt-in
         ({"stream_chunk_bytes": "auto"}, 2 * STREAM, None, [16 * MIB, 4 * MIB]),
-        ({}, STREAM / 2, None, [16 * MIB]),  # small reads measured slower: not planned
-        ({}, None, None, [16 * MIB]),  # not measured (an older or nominal profile)
+        # small reads measured slower: not planned
+        ({"stream_chunk_bytes": "auto"}, STREAM / 2, None, [16 * MIB]),
+        # not measured (an older or nominal profile)
+        ({"stream_chunk_bytes": "auto"}, None, None, [16 * MIB]),
         ({"stream_chunk_bytes": "8MiB"}, 2 * STREAM, None, [8 * MIB]),
         ({"stream_chunk_bytes": 0}, 2 * STREAM, None, []),
         ({"plan": "saved.json"}, 2 * STREAM, 4 * MIB, [4 * MIB]),
@@ -93,6 +95,7 @@ def _compiled(tmp_path: Path, small: float) -> tuple[tt.CompiledModule, torch.Te
             budgets={"cpu": sum(p.numel() * 4 for p in model.parameters()) // 2},
             offload_dir=str(tmp_path / "offload"),
             plan_cache=False,
+            stream_chunk_bytes="auto",
         )
         for _ in range(2):
             torch.testing.assert_close(compiled(x), model(x))
@@ -133,6 +136,7 @@ def test_a_saved_plan_in_small_chunks_reproduces(tmp_path: Path) -> None:
         budgets={"cpu": sum(p.numel() * 4 for p in model.parameters()) // 2},
         offload_dir=str(tmp_path / "offload-again"),
         plan=str(saved),
+        stream_chunk_bytes="auto",
     )
     (replayed,) = again.graphs
     assert replayed.plan.chunk_bytes == 4 * MIB
