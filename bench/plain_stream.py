@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import os
 import statistics
 import tempfile
@@ -129,7 +130,9 @@ def paired(
     return times
 
 
-def run_batch(width: int, layers: int, batch: int, pairs: int, work: Path) -> dict[str, Any]:
+def run_batch(
+    width: int, layers: int, batch: int, pairs: int, work: Path, options: dict[str, Any]
+) -> dict[str, Any]:
     model = mlp(width, layers, seed=SEED)
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(SEED))
     with torch.no_grad():
@@ -141,10 +144,10 @@ def run_batch(width: int, layers: int, batch: int, pairs: int, work: Path) -> di
         # the loop's copies first: compiling moves the model's weights to disk
         keep = mlp(width, layers, seed=SEED)
         torch._dynamo.reset()
-        compiled = tt.compile(
-            model, compiler="eager", budgets={"cpu": budget}, offload_dir=str(offload)
-        )
+        settings = {"compiler": "eager", "budgets": {"cpu": budget}, "offload_dir": str(offload)}
+        compiled = tt.compile(model, **{**settings, **options})
         torch.testing.assert_close(compiled(x), expected)
+        compiled(x)  # the first call read the weights kept resident too: this one a call's
         plan = compiled.graphs[0].plan
         chunk_bytes = plan.chunk_bytes or DEFAULT_CHUNK_BYTES
         rows = max(1, min(width, chunk_bytes // (width * 4)))
@@ -197,13 +200,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="8 x 1024, 4 pairs, batch 16")
     parser.add_argument("--dir", type=Path, default=None, help="where the files go")
     parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument(
+        "--options", type=json.loads, default={}, help="TensorTorrent's options, as JSON"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.batches, args.pairs = 8, 1024, [16], 4
     regimes = []
     with tempfile.TemporaryDirectory(prefix="tt-plain-", dir=args.dir) as work:
         for batch in args.batches:
-            regime = run_batch(args.width, args.layers, batch, args.pairs, Path(work))
+            regime = run_batch(args.width, args.layers, batch, args.pairs, Path(work), args.options)
             print(
                 f"batch {batch}: TensorTorrent {regime['tensortorrent']['ms']:.1f} ms "
                 f"(predicted {regime['tensortorrent']['predicted_ms']:.1f}), plain loop "
@@ -217,11 +223,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = write_results(
         "plain_stream",
         {
-            "params": {"layers": args.layers, "width": args.width, "pairs": args.pairs},
+            "params": {
+                "layers": args.layers,
+                "width": args.width,
+                "pairs": args.pairs,
+                "options": args.options,
+            },
             "method": (
                 "one process; per batch, TensorTorrent (eager segments, budget half the "
-                "weights, default options) and a plain loop reading as many bytes of the same "
-                "row chunks (O_DIRECT, 3 chunk buffers, 2 chunks ahead, 2 threads, unchecked), "
+                "weights, default options or those of --options) and a plain loop reading as "
+                "many bytes of the same row chunks (O_DIRECT, 3 chunk buffers, 2 chunks ahead, "
+                "2 threads, unchecked), "
                 "called in turn with their files evicted from the page cache before each "
                 "call; the ratio is the median over pairs of TensorTorrent's time over the "
                 "loop's"
