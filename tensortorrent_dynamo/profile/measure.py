@@ -827,11 +827,11 @@ class OpProbe:
 
         An op costs more in the mix of a graph than called again and again (its code and
         the dispatcher's paths for it cold): on the 2-core development machine the probe
-        graph ran at 2.0-2.1x the sum of its ops alone. Timing each op once per pass as the
+        graph ran at 1.9-2.1x the sum of its ops alone. Timing each op once per pass as the
         graph runs (as this did before) put that whole mix cost on the few nodes of each
         kind, and three samples of an ``addmm`` came out 11.5 us where a graph of 200 small
-        linear layers paid 4-5 (it predicted that graph 41-86% slow); its ops alone, scaled
-        by the one factor, predicted it within 4%."""
+        linear layers paid 4-5 (it predicted that graph 41-86% slow); timed alone and scaled
+        by the one factor, 10-20% slow (once 10% fast) in five profiles."""
         passes = self._passes
         env: dict[torch.fx.Node, Any] = {}
         given = iter(args)
