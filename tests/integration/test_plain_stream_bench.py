@@ -32,10 +32,8 @@ def test_the_plain_loop_computes_the_model_from_its_chunks(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_plain_stream_bench_writes_its_figures(tmp_path: Path) -> None:
-    plain_stream.main(
-        ["--layers", "4", "--width", "512", "--batches", "4", "--pairs", "2"]
-        + ["--dir", str(tmp_path), "--results", str(tmp_path)]
-    )
+    tiny = ["--layers", "4", "--width", "512", "--batches", "4", "--pairs", "2"]
+    plain_stream.main([*tiny, "--dir", str(tmp_path), "--results", str(tmp_path)])
     data = json.loads((tmp_path / "plain_stream.json").read_text())
     (regime,) = data["regimes"]
     assert regime["batch"] == 4
