@@ -7,8 +7,9 @@ what a plain program reaches on the same machine at the same moment, under the s
 a loop written for this model (``--layers`` x ``Linear(width, width)`` + ReLU, float32, the
 ram_offload workload) that keeps the weights' row chunks in RAM but for as many of the last
 ones as the plan reads from disk each call, which it reads with ``O_DIRECT`` (buffered reads
-where the filesystem has none) into a ring of three chunk buffers, two chunks ahead of the
-one it computes on, on two threads, unchecked, then multiplies each chunk as it lands. The
+where the filesystem has none) into a ring of three chunk buffers on two threads, unchecked
+(the reads of the next two chunks queued while it waits for one: each chunk computed issues
+the read of the chunk two after it), then multiplies each chunk as it lands. The
 chunks are the plan's own row chunks (``stream_chunk_bytes``), so both read the same bytes
 in reads of the same size and hold the same buffers.
 
@@ -105,7 +106,7 @@ class PlainStream:
                 weight = self.ring[k % RING].view(torch.float32).view(self.rows, self.width)
             parts.append(torch.addmm(self.biases[i][r : r + self.rows], h, weight.t()))
             if k is not None and k + AHEAD < self.streamed:
-                flight[k + AHEAD] = self._read(k + AHEAD)  # into the buffer just used
+                flight[k + AHEAD] = self._read(k + AHEAD)  # into chunk k - 1's buffer
             if r + self.rows >= self.biases[i].numel():
                 h = torch.relu(torch.cat(parts, dim=1))
                 parts = []
@@ -232,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "method": (
                 "one process; per batch, TensorTorrent (eager segments, budget half the "
                 "weights, default options or those of --options) and a plain loop reading as "
-                "many bytes of the same row chunks (O_DIRECT, 3 chunk buffers, 2 chunks ahead, "
+                "many bytes of the same row chunks (O_DIRECT, 3 chunk buffers, reads 2 deep, "
                 "2 threads, unchecked), "
                 "called in turn with their files evicted from the page cache before each "
                 "call; the ratio is the median over pairs of TensorTorrent's time over the "
