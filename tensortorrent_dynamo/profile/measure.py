@@ -580,8 +580,13 @@ class SmallReadProbe:
     read in flight less its median alone (it measured 11-107 us there with reads of 32 KiB,
     mostly 50-70). Reads that small are now made by the calling thread
     (``io.reader.INLINE_READ_BYTES``): ``disk.read_inline`` is the median time of a verified
-    32 KiB read made so, each right after the segment runs (the ops between two reads slow
-    them: there 89 us after no op, 108 after 60 and 161 after 300).
+    32 KiB read made so, each right after :data:`EVICT_BYTES` written and the segment run.
+    What comes before a read slows it: there 89 us after no op, 108 after 60 and 161 after
+    300; and on 2026-12-06 95-99 us right after another read, 88-128 after the segment,
+    181-190 after 32 MiB written, 191-220 after a millisecond's sleep. Until methods revision
+    15 the reads came after the segment alone, and the corpus Llama's disk plan, whose 13
+    reads come after segments of 60 us to 1.3 ms and the runtime's own work, read for 2.5-3.2
+    ms a call where 1.6-1.7 ms were predicted (its reads 150-290 us each, median 189).
     """
 
     def __init__(self, bench: DiskBench) -> None:
@@ -633,6 +638,7 @@ class SmallReadProbe:
         piece = min(self._bench.nbytes, INLINE_PROBE_BYTES)
         pieces = _guarded_pieces(self._bench, piece, max(piece, 2**20))
         segment = _small_segment()
+        evict = torch.empty(EVICT_BYTES, dtype=torch.uint8)
         medians: list[float] = []
         pool = HostBufferPool()
         with DiskReader(pool, inline_bytes=piece) as reader:
@@ -642,6 +648,7 @@ class SmallReadProbe:
             for turn in range(SLOWDOWN_TURNS):
                 times = []
                 for i in range(SMALL_READS):
+                    evict.fill_(i)
                     segment()
                     begin = time.perf_counter()
                     read = reader.submit(pieces[(turn * SMALL_READS + i) % len(pieces)])
@@ -654,8 +661,9 @@ class SmallReadProbe:
             method=(
                 f"{SMALL_READS} reads of {format_bytes(piece)} of the disk bench's file, each "
                 "at another MiB, made by the calling thread through a DiskReader and verified "
-                f"as the runtime's are, each after the segment of {_SEGMENT_OPS} small ops "
-                f"runs; {SLOWDOWN_TURNS} turns, the median of each turn's medians"
+                f"as the runtime's are, each after {format_bytes(EVICT_BYTES)} written and the "
+                f"segment of {_SEGMENT_OPS} small ops run; {SLOWDOWN_TURNS} turns, the median "
+                "of each turn's medians"
             ),
         )
 
@@ -699,8 +707,9 @@ PROBE_WIDTH, PROBE_TOKENS, PROBE_LAYERS = 32, 8, 3
 EACH_OP_CALLS = 10
 """Calls of one op in each sample of ``OpProbe._each_op``."""
 EVICT_BYTES = 32 * 2**20
-"""What ``OpProbe`` writes before each call it times cold: past the per-core caches of
-today's CPUs, as a model's weights streamed between two calls are. On the 2-core development
+"""What ``OpProbe`` writes before each call it times cold, and ``SmallReadProbe`` before
+each read it makes inline: past the per-core caches of today's CPUs, as a model's weights
+streamed between two calls are. On the 2-core development
 machine (4 MiB of L2 a core) the probe's cold calls took 0.05 ms longer than back to back
 after 1 MiB written, 0.19 ms after 4 MiB, 0.25 after 8 and 0.27-0.37 after 16 to 64 MiB."""
 

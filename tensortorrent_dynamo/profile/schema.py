@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 14
+METHODS_REVISION = 15
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -38,7 +38,9 @@ that the small-read probe times are of a size the reader hands to its threads,
 ``Measurements.runtime``; 12: the stream is timed in 4 MiB reads too,
 ``DiskFigures.stream_small``; 13: each op of the op latency's probe is timed in a loop of
 its own, the figures scaled to the probe's time, ``OpProbe._each_op``; 14: the probe's
-cold cost is timed in pairs of a call after another and a cold one, ``OpProbe._cold``): a
+cold cost is timed in pairs of a call after another and a cold one, ``OpProbe._cold``; 15:
+each small read made inline is timed after the caches were evicted, as a streamed plan's
+reads come after segments, ``SmallReadProbe.read_inline``): a
 cached short profile of an older revision is measured again. A file without one is revision 1."""
 
 SMALL_STREAM_BYTES = 4 * 2**20

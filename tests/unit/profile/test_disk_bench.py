@@ -150,3 +150,6 @@ def test_the_small_read_probe_times_verified_reads_the_calling_thread_makes(
     assert len(checks) >= measure.SLOWDOWN_TURNS * 10
     assert figure.unit == "s" and figure.value is not None and 0 < figure.value < 0.1
     assert "32.00 KiB" in figure.method and "calling thread" in figure.method
+    # each read comes after the caches were evicted, as a streamed plan's reads come after
+    # segments (methods revision 15)
+    assert "32.00 MiB written" in figure.method
