@@ -45,7 +45,7 @@ class RateKey(typing.NamedTuple):
     its rate class for the native planner (``plan.planner.rate_keys``)."""
 
     dtype: str  # of its FLOPs
-    rows: int | None  # of a matmul's result; ``None``: not a matmul
+    rows: int | None  # of a matmul's result, an attention's query tokens; else ``None``
     width: int | None  # of a matmul's weight (the square root of its elements)
     ops: tuple[str, ...]  # the ops it calls, whose fixed costs it pays
 
@@ -84,9 +84,11 @@ class CostNode:
             rates it is costed at (``to_native``'s ``rate_classes``).
         rows: for a matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``linear``,
             ``matmul``), the rows of its result (its elements over its last dimension:
-            the batch times the tokens of a linear layer), ``None`` for other nodes. A matmul
-            of few rows reads its weight for few FLOPs and runs far below a device's square
-            rate; the planner costs it at the rate measured at that many rows.
+            the batch times the tokens of a linear layer); for attention
+            (:func:`is_attention`), the tokens of its query (its next to last dimension);
+            ``None`` for other nodes. A matmul of few rows reads its weight for few FLOPs
+            and runs far below a device's square rate, and so does attention over few
+            tokens: the planner costs each at the rate measured at that many.
         ops: the ops the node calls, each paying its device's fixed cost per op: 0 for a
             graph input or an item taken from a tuple (``getitem``), 1 for an op, a view
             included (it moves no bytes but is still dispatched); a view of parameters
@@ -605,9 +607,27 @@ _MATMULS = frozenset(
 """The ops whose FLOPs are a matmul's, costed by the rows of their result (``CostNode.rows``)."""
 
 
+ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
+"""What the names of attention's ATen ops contain (``aten._scaled_dot_product_flash_attention
+_for_cpu``, ``aten._efficient_attention_forward``, ...)."""
+
+
+def is_attention(op: str) -> bool:
+    """Whether the op named ``op`` (a cost node's ``target``) computes attention."""
+    return any(part in op for part in ATTENTION_OPS)
+
+
 def _matmul_rows(node: torch.fx.Node, sizes: Mapping[str, int] | None) -> int | None:
-    """The rows of a matmul node's result (its elements over its last dimension), ``None``
-    for another node or a result of unknown shape."""
+    """The rows of a matmul node's result (its elements over its last dimension), the
+    tokens of an attention node's query (its next to last dimension), ``None`` for another
+    node or a value of unknown shape."""
+    if node.op == "call_function" and is_attention(op_name(node)) and node.args:
+        query = node.args[0]
+        value = _example(query) if isinstance(query, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dim() < 2:
+            return None
+        tokens = size_hint(value.shape[-2], sizes)
+        return tokens if tokens > 0 else None
     if node.op != "call_function" or node.target not in _MATMULS:
         return None
     value = _example(node)

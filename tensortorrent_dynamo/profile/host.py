@@ -11,7 +11,14 @@ from typing import Any, Literal
 import psutil
 
 from ..io.reader import READ_HANDOFF_S
-from .schema import INLINE_PROBE_BYTES, SMALL_STREAM_BYTES, WIDE_ROWS_N, Figure, Measurements
+from .schema import (
+    ATTENTION_SHAPE,
+    INLINE_PROBE_BYTES,
+    SMALL_STREAM_BYTES,
+    WIDE_ROWS_N,
+    Figure,
+    Measurements,
+)
 
 DeviceKind = Literal["cpu", "cuda", "virtual"]
 
@@ -67,6 +74,10 @@ class DeviceProfile:
     attention_flops_per_s: float | None = None
     """The measured rate of float32 attention (``DeviceFigures.attention``); ``None``:
     attention is costed at ``flops_per_s``."""
+    attention_by_tokens: Mapping[int, float] = dataclasses.field(default_factory=dict, hash=False)
+    """The measured rates of float32 attention by the query's tokens (``attention`` at
+    ``ATTENTION_SHAPE``'s tokens and ``DeviceFigures.attention_tokens``); the planner
+    interpolates them (``plan.planner.attention_rate``). Empty where only one was measured."""
     cold_latency_s: float = 0.0
     """What a segment pays beyond its ops' fixed costs the first time it runs a kind of op,
     its code and data evicted from the caches since (``DeviceFigures.op_cold_latency``; 0
@@ -102,8 +113,13 @@ def _device_from(m: Measurements, name: str) -> DeviceProfile:
     by_op = {op: f.value for op, f in dev.op_latencies.items() if f.value is not None}
     cold = dev.op_cold_latency.value if dev.op_cold_latency is not None else None
     wide = _measured_by_rows(dev.matmul_rows_wide)
+    attention = dev.attention.value if dev.attention is not None else None
+    by_tokens = {t: f.value for t, f in dev.attention_tokens.items() if f.value is not None}
     shared: dict[str, Any] = {
-        "attention_flops_per_s": dev.attention.value if dev.attention is not None else None,
+        "attention_flops_per_s": attention,
+        "attention_by_tokens": (
+            {**by_tokens, ATTENTION_SHAPE[2]: attention} if by_tokens and attention else {}
+        ),
         "rows_width": dev.matmul_rows_n,
         "flops_by_rows_wide": {WIDE_ROWS_N: wide} if wide and dev.matmul_rows_n else {},
     }

@@ -31,6 +31,8 @@ from .detect import cpu_model, cuda_properties, current_fingerprint, detect_cuda
 from .disk import DiskBench, writable_problem
 from .runtime_work import RuntimeProbe
 from .schema import (
+    ATTENTION_SHAPE,
+    ATTENTION_TOKENS,
     INLINE_PROBE_BYTES,
     SMALL_STREAM_BYTES,
     WIDE_ROWS_N,
@@ -258,20 +260,15 @@ def matmul_flops(device: str, dtype: torch.dtype, budget: Budget) -> Figure:
     )
 
 
-ATTENTION_SHAPE = (1, 8, 256, 64)
-"""(batch, heads, tokens, head size) of the attention whose rate ``attention_flops`` times:
-a decoder's prefill of a few hundred tokens. On the 2-core development machine float32
-attention ran at 290-300 GFLOP/s so (the square matmul at 400-415), 225 at 128 tokens by 32
-heads, 75 at 16 tokens."""
-
-
-def attention_flops(device: str, budget: Budget) -> Figure:
-    """FLOP/s of ``scaled_dot_product_attention`` in float32 at :data:`ATTENTION_SHAPE`,
-    causal, its FLOPs counted as a cost graph counts them (``FlopCounterMode``): attention
-    runs far below the square matmul's rate, its products small and a softmax between."""
+def attention_flops(device: str, budget: Budget, tokens: int | None = None) -> Figure:
+    """FLOP/s of ``scaled_dot_product_attention`` in float32 at ``ATTENTION_SHAPE`` (at
+    ``tokens`` tokens where given), causal, its FLOPs counted as a cost graph counts them
+    (``FlopCounterMode``): attention runs far below the square matmul's rate, its products
+    small and a softmax between, and further below it over few tokens."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch, heads, tokens, size = ATTENTION_SHAPE
+    batch, heads, shape_tokens, size = ATTENTION_SHAPE
+    tokens = tokens or shape_tokens
     q, k, v = (torch.randn(batch, heads, tokens, size, device=device) for _ in range(3))
 
     def call() -> None:
@@ -1089,6 +1086,11 @@ def _device_figures(
         op_latencies=probe.per_op,
         op_cold_latency=probe.cold,
         attention=results.get(("attention", name)),
+        attention_tokens={
+            int(key[2]): fig
+            for key, fig in results.items()
+            if key[0] == "attention_tokens" and key[1] == name
+        },
     )
 
 
@@ -1154,6 +1156,11 @@ def measure_host(
                 steps.append(_Step(wide_key, label, "FLOP/s", run))
         run = functools.partial(attention_flops, dev, budget)
         steps.append(_Step(("attention", dev), f"{dev} attention float32", "FLOP/s", run))
+        for tokens in ATTENTION_TOKENS:
+            run = functools.partial(attention_flops, dev, budget, tokens)
+            key = ("attention_tokens", dev, str(tokens))
+            label = f"{dev} attention float32 at {tokens} tokens"
+            steps.append(_Step(key, label, "FLOP/s", run))
         run = functools.partial(memory_bandwidth, dev, budget)
         steps.append(_Step(("bandwidth", dev), f"{dev} memory bandwidth", "B/s", run))
         probes[dev] = OpProbe(dev, budget)

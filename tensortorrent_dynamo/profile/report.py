@@ -62,6 +62,9 @@ def format_report(m: Measurements) -> str:
         if dev.attention is not None:
             attention = dev.attention
             rows.append([dev.name, "attention float32", format_value(attention), attention.note])
+        for count, fig in sorted(dev.attention_tokens.items()):
+            figure = f"attention float32 at {count} tokens"
+            rows.append([dev.name, figure, format_value(fig), fig.note])
         for dtype, by_rows in dev.matmul_rows.items():
             for count, fig in sorted(by_rows.items()):
                 figure = f"matmul {dtype} {count} rows"

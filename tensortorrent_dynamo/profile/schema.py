@@ -17,7 +17,7 @@ from ..io.files import digest
 
 FORMAT_VERSION = 1
 """Version of the JSON form; a file with another version is not read."""
-METHODS_REVISION = 15
+METHODS_REVISION = 16
 """Revision of how the figures are measured, raised when a method changes what it measures
 (2: the op latency is timed on direct calls, as eager segments make them; 3: few-row
 matmuls cycle through weights larger than the caches, ``measure.ROWS_WEIGHT_BYTES``, and
@@ -40,7 +40,8 @@ that the small-read probe times are of a size the reader hands to its threads,
 its own, the figures scaled to the probe's time, ``OpProbe._each_op``; 14: the probe's
 cold cost is timed in pairs of a call after another and a cold one, ``OpProbe._cold``; 15:
 each small read made inline is timed after the caches were evicted, as a streamed plan's
-reads come after segments, ``SmallReadProbe.read_inline``): a
+reads come after segments, ``SmallReadProbe.read_inline``; 16: attention's rate is timed
+at few tokens too, ``DeviceFigures.attention_tokens``): a
 cached short profile of an older revision is measured again. A file without one is revision 1."""
 
 SMALL_STREAM_BYTES = 4 * 2**20
@@ -51,6 +52,19 @@ INLINE_PROBE_BYTES = 32 * 2**10
 """The size of the reads ``disk.read_inline`` times (``measure.SmallReadProbe``), half the
 largest a calling thread makes itself (``io.reader.INLINE_READ_BYTES``): the planner takes
 the figure less these bytes at its read rate as such a read's fixed cost."""
+
+ATTENTION_SHAPE = (1, 8, 256, 64)
+"""(batch, heads, tokens, head size) of the attention whose rate ``measure.attention_flops``
+times (``DeviceFigures.attention``): a decoder's prefill of a few hundred tokens. On the
+2-core development machine float32 attention ran at 290-300 GFLOP/s so (the square matmul
+at 400-415), 225 at 128 tokens by 32 heads, 75 at 16 tokens."""
+
+ATTENTION_TOKENS = (16, 64)
+"""The query tokens attention's rate is timed at too (``DeviceFigures.attention_tokens``),
+at :data:`ATTENTION_SHAPE` otherwise: attention over few tokens runs far below its rate
+over many (on the 2-core development machine, 2026-12-06: 22, 89 and 128 GFLOP/s at 16, 64
+and 128 tokens), and a small transformer's blocks at 128 tokens were predicted 15-39%
+under their time with attention costed at the rate at 256."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
@@ -214,8 +228,12 @@ class DeviceFigures:
     where not measured (an accelerator, and profiles measured before it was)."""
     attention: Figure | None = None
     """FLOP/s of float32 attention (``scaled_dot_product_attention`` at
-    ``measure.ATTENTION_SHAPE``, its FLOPs as a cost graph counts them): a fraction of the
+    :data:`ATTENTION_SHAPE`, its FLOPs as a cost graph counts them): a fraction of the
     square matmul's rate. ``None`` in profiles measured before it was."""
+    attention_tokens: Mapping[int, Figure] = dataclasses.field(default_factory=dict)
+    """As ``attention``, by the query's tokens, at :data:`ATTENTION_TOKENS` (the rate at
+    :data:`ATTENTION_SHAPE`'s tokens is ``attention``). Empty in profiles measured before
+    it was."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +258,9 @@ class DeviceFigures:
                 self.op_cold_latency.to_dict() if self.op_cold_latency is not None else None
             ),
             "attention": self.attention.to_dict() if self.attention is not None else None,
+            "attention_tokens": {
+                str(tokens): fig.to_dict() for tokens, fig in self.attention_tokens.items()
+            },
         }
 
     @classmethod
@@ -279,21 +300,29 @@ class DeviceFigures:
                 if data.get("attention") is not None
                 else None
             ),
+            attention_tokens=_by_count(
+                data.get("attention_tokens", {}), f"{where}.attention_tokens", "tokens"
+            ),
         )
+
+
+def _by_count(raw: object, where: str, what: str) -> dict[int, Figure]:
+    """Figures by a positive count (``what``: of what, for the message) from their JSON
+    form (counts as decimal strings)."""
+    figures: dict[int, Figure] = {}
+    for count, fig in _mapping(raw, where).items():
+        if not (isinstance(count, str) and count.isdigit() and int(count) > 0):
+            raise ValueError(f"{where}: {count!r} is not a number of {what}")
+        figures[int(count)] = Figure.from_dict(fig, f"{where}.{count}")
+    return figures
 
 
 def _rows_figures(raw: object, where: str) -> dict[str, dict[int, Figure]]:
     """``DeviceFigures.matmul_rows`` from its JSON form (rows as decimal strings)."""
-    out: dict[str, dict[int, Figure]] = {}
-    for dtype, by_rows in _mapping(raw, where).items():
-        at = f"{where}.{dtype}"
-        figures: dict[int, Figure] = {}
-        for rows, fig in _mapping(by_rows, at).items():
-            if not (isinstance(rows, str) and rows.isdigit() and int(rows) > 0):
-                raise ValueError(f"{at}: {rows!r} is not a number of rows")
-            figures[int(rows)] = Figure.from_dict(fig, f"{at}.{rows}")
-        out[str(dtype)] = figures
-    return out
+    return {
+        str(dtype): _by_count(by_rows, f"{where}.{dtype}", "rows")
+        for dtype, by_rows in _mapping(raw, where).items()
+    }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,12 +93,13 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
     attention were costed at, per device (the "compute" column is the float32
     square-matmul rate); nothing for float32 FLOPs all costed at that."""
     flops: dict[tuple[str, int | None, int | None], float] = {}
-    attention: dict[str, float] = {}
+    attention: dict[tuple[str, int | None], float] = {}  # by dtype and query tokens
     for graph in graphs:
         nodes, keys = graph.plan.cost.nodes, graph.plan.cost.rate_keys()
         for node, key in zip(nodes, keys, strict=True):
             if node.flops > 0 and calls_attention(key):
-                attention[key.dtype] = attention.get(key.dtype, 0.0) + node.flops
+                at = (key.dtype, key.rows)
+                attention[at] = attention.get(at, 0.0) + node.flops
             elif node.flops > 0:
                 shape = (key.dtype, key.rows, key.width)
                 flops[shape] = flops.get(shape, 0.0) + node.flops
@@ -107,9 +108,7 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
         key[0] == "float32" and node_rate(dev, *key) == dev.flops_per_s
         for key in flops
         for dev in devices
-    ) and all(
-        attention_rate(dev, dtype) == dev.flops_per_s for dtype in attention for dev in devices
-    ):
+    ) and all(attention_rate(dev, *at) == dev.flops_per_s for at in attention for dev in devices):
         return []
     by_dtype: dict[str, dict[int | None, dict[int | None, float]]] = {}
     for (dtype, rows, width), total in flops.items():
@@ -121,14 +120,15 @@ def _explain_rates(graphs: Sequence[CompiledGraph]) -> list[str]:
             f"    {dtype}: {_flops(_total(by_rows))} (each graph once); costed at "
             f"{'; '.join(rates)}"
         )
-    for dtype, total in sorted(attention.items(), key=lambda item: -item[1]):
+    for (dtype, tokens), total in sorted(attention.items(), key=lambda item: -item[1]):
         rates = [
-            f"{dev.name} {format_rate(attention_rate(dev, dtype), 'FLOP/s')}"
+            f"{dev.name} {format_rate(attention_rate(dev, dtype, tokens), 'FLOP/s')}"
             + (" (measured)" if dev.attention_flops_per_s is not None else "")
             for dev in devices
         ]
+        over = f" over {tokens} tokens" if tokens is not None else ""
         lines.append(
-            f"    attention in {dtype}: {_flops(total)} (each graph once); costed at "
+            f"    attention in {dtype}{over}: {_flops(total)} (each graph once); costed at "
             f"{', '.join(rates)}"
         )
     return lines

@@ -172,9 +172,15 @@ def test_explain_names_the_rate_attention_is_costed_at(tmp_path: Path) -> None:
     m = dataclasses.replace(m, devices=(cpu, *m.devices[1:]))
     lines = _rate_lines(tmp_path, m, _Attention(), torch.randn(1, 32, 64))
     assert lines[2] == (
-        "    attention in float32: 262.14 kFLOP (each graph once); "
+        "    attention in float32 over 32 tokens: 262.14 kFLOP (each graph once); "
         "costed at cpu 2.00 GFLOP/s (measured)"
     ), lines[:3]
+    # measured at few tokens too: costed at its 32 tokens' rate, between 16's and 256's
+    at_16 = Figure(5e8, "FLOP/s", "test")
+    cpu = dataclasses.replace(cpu, attention_tokens={16: at_16})
+    m = dataclasses.replace(m, devices=(cpu, *m.devices[1:]))
+    lines = _rate_lines(tmp_path, m, _Attention(), torch.randn(1, 32, 64))
+    assert lines[2].endswith("costed at cpu 707.11 MFLOP/s (measured)"), lines[:3]
 
 
 def _rate_lines(

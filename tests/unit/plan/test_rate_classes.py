@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tensortorrent_dynamo._native import native_planner
-from tensortorrent_dynamo.cost_graph import RateKey, build_cost_graph, kinds_of
+from tensortorrent_dynamo.cost_graph import RateKey, build_cost_graph, is_attention, kinds_of
 from tensortorrent_dynamo.functional import capture as functional_capture
 from tensortorrent_dynamo.plan.planner import (
     PlannedDevice,
@@ -18,7 +18,6 @@ from tensortorrent_dynamo.plan.planner import (
     calls_attention,
     class_latencies,
     class_rates,
-    is_attention,
     native_device_list,
     node_rate,
     rate_keys,
@@ -36,6 +35,7 @@ def _host(
     latency_by_op: dict[str, float] | None = None,
     cold_latency_s: float = 0.0,
     attention_flops_per_s: float | None = None,
+    attention_by_tokens: dict[int, float] | None = None,
 ) -> DeviceProfile:
     rates = {"float32": 1e9, **({"bfloat16": bf16_rate} if bf16_rate else {})}
     return DeviceProfile(
@@ -51,6 +51,7 @@ def _host(
         latency_by_op=latency_by_op or {},
         cold_latency_s=cold_latency_s,
         attention_flops_per_s=attention_flops_per_s,
+        attention_by_tokens=attention_by_tokens or {},
     )
 
 
@@ -204,7 +205,7 @@ def test_attention_is_costed_at_the_rate_measured_for_it() -> None:
     ((gm, inputs),) = functional_capture(_Attention(), torch.randn(1, 32, 64))
     graph = build_cost_graph(gm, inputs.values, inputs.params)
     (attention,) = [k for k in graph.rate_keys() if calls_attention(k)]
-    assert attention.rows is None and attention.dtype == "float32", attention
+    assert attention.rows == 32 and attention.dtype == "float32", "its query's tokens"
     assert rate_keys([graph], [_host(None)]) == ()
     host = _host(4e9, attention_flops_per_s=2.5e8)
     keys = rate_keys([graph], [host])
@@ -215,3 +216,23 @@ def test_attention_is_costed_at_the_rate_measured_for_it() -> None:
     assert is_attention("_scaled_dot_product_flash_attention_for_cpu.default")
     assert is_attention("_efficient_attention_forward.default")
     assert not is_attention("addmm.default")
+
+
+def test_attention_over_few_tokens_is_costed_at_the_rate_measured_over_as_few() -> None:
+    """With attention's rate measured at several query lengths, a node is costed at its
+    query's tokens, interpolated in log tokens and log rate, the nearest beyond them; a
+    node of unknown tokens at the rate over most tokens."""
+    rates = {16: 2e8, 64: 8e8, 256: 1.6e9}
+    host = _host(4e9, attention_flops_per_s=1.6e9, attention_by_tokens=rates)
+    assert attention_rate(host, "float32", 32) == pytest.approx(4e8), "halfway in log"
+    assert attention_rate(host, "float32", 64) == pytest.approx(8e8)
+    assert attention_rate(host, "float32", 1) == pytest.approx(2e8)
+    assert attention_rate(host, "float32", 4096) == pytest.approx(1.6e9)
+    assert attention_rate(host, "float32") == pytest.approx(1.6e9)
+    assert attention_rate(host, "bfloat16", 32) == pytest.approx(1.6e9), "4x, as its matmuls"
+    ((gm, inputs),) = functional_capture(_Attention(), torch.randn(1, 32, 64))
+    graph = build_cost_graph(gm, inputs.values, inputs.params)
+    keys = rate_keys([graph], [host])
+    assert class_rates(host, keys) == [pytest.approx(4e8)], "its 32 tokens' rate"
+    alone = _host(4e9, attention_flops_per_s=1.6e9)
+    assert class_rates(alone, rate_keys([graph], [alone])) == [1.6e9], "one rate: that one"

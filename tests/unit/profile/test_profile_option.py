@@ -83,3 +83,19 @@ def test_a_profile_written_before_the_small_stream_was_timed_loads_without_it() 
     assert profile.measurements is not None
     assert "written before" in profile.measurements.disk.stream_small.note
     assert profile.disk_stream_small_bytes_per_s is None
+
+
+def test_attention_by_tokens_round_trips_and_a_profile_written_before_loads_without_it() -> None:
+    raw = HostProfile.from_measurements(nominal_measurements(), "x").to_dict()
+    cpu = next(d for d in raw["devices"] if d["name"] == "cpu")
+    figure = {"value": 2e10, "unit": "FLOP/s", "method": "timed", "note": ""}
+    cpu["attention"] = {**figure, "value": 8e10}
+    cpu["attention_tokens"] = {"16": figure}
+    profile = HostProfile.from_dict(raw, "measured")
+    assert profile.device("cpu").attention_by_tokens == {16: 2e10, 256: 8e10}
+    assert HostProfile.from_json(profile.to_json(), "again").to_dict() == profile.to_dict()
+    del cpu["attention_tokens"]
+    assert HostProfile.from_dict(raw, "older").device("cpu").attention_by_tokens == {}
+    cpu["attention_tokens"] = {"many": figure}
+    with pytest.raises(ValueError, match="'many' is not a number of tokens"):
+        HostProfile.from_dict(raw, "bad")

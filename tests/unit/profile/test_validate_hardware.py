@@ -271,6 +271,17 @@ def test_attention_is_timed_at_its_own_rate(run: Run) -> None:
     assert "attention float32" in run.output
     profile = host_profile(parse_options({"profile": str(run.tmp / "report.json")}))
     assert profile.device("cpu").attention_flops_per_s == attention["value"]
+    # and at few tokens, where it runs slower (methods revision 16)
+    by_tokens = {int(t): fig for t, fig in cpu["attention_tokens"].items()}
+    assert sorted(by_tokens) == [16, 64], by_tokens
+    for tokens, fig in by_tokens.items():
+        assert f"1x8x{tokens}x64" in fig["method"] and fig["value"] > 0, fig
+        assert f"attention float32 at {tokens} tokens" in run.output
+    assert profile.device("cpu").attention_by_tokens == {
+        16: by_tokens[16]["value"],
+        64: by_tokens[64]["value"],
+        256: attention["value"],
+    }
 
 
 def test_few_row_matmuls_are_timed_at_a_large_model_s_width_too(run: Run) -> None:
