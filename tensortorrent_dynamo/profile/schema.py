@@ -62,9 +62,8 @@ at 400-415), 225 at 128 tokens by 32 heads, 75 at 16 tokens."""
 ATTENTION_TOKENS = (16, 64)
 """The query tokens attention's rate is timed at too (``DeviceFigures.attention_tokens``),
 at :data:`ATTENTION_SHAPE` otherwise: attention over few tokens runs far below its rate
-over many (on the 2-core development machine, 2026-12-06: 22, 89 and 128 GFLOP/s at 16, 64
-and 128 tokens), and a small transformer's blocks at 128 tokens were predicted 15-39%
-under their time with attention costed at the rate at 256."""
+over many (on the 2-core development machine, 2026-12-06: 24-25, 101-108, 139-143 and
+175-181 GFLOP/s at 16, 64, 128 and 256 tokens, 131-134 at 128 tokens by 32 heads)."""
 
 WIDE_ROWS_N = 4096
 """The width of the host's second set of few-row matmul figures (``measure.matmul_rows_flops``
