@@ -39,7 +39,7 @@ import torch
 
 import tensortorrent_dynamo as tt
 from tensortorrent_dynamo.io.pool import direct_io_memory
-from tensortorrent_dynamo.io.reader import DEFAULT_CHUNK_BYTES
+from tensortorrent_dynamo.io.reader import DEFAULT_CHUNK_BYTES, _open_direct
 from tests.models import mlp, param_bytes
 
 from .common import write_results
@@ -75,12 +75,10 @@ class PlainStream:
             for i, r in self.chunks[first:]:
                 f.write(linears[i].weight[r : r + rows].detach().contiguous().numpy().tobytes())
         self.path = path
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            self.direct = True
-        except (OSError, AttributeError):  # no O_DIRECT here: buffered, evicted before a call
-            self.fd = os.open(path, os.O_RDONLY)
-            self.direct = False
+        fd = _open_direct(path)  # as the runtime's reader opens: refused on open or 1st read
+        self.direct = fd is not None
+        # no O_DIRECT here: buffered, the file evicted before each call
+        self.fd = fd if fd is not None else os.open(path, os.O_RDONLY)
         self.ring = [direct_io_memory(self.chunk_bytes) for _ in range(RING)]
         self.pool = concurrent.futures.ThreadPoolExecutor(THREADS)
 
