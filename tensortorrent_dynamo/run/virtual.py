@@ -164,6 +164,11 @@ class VirtualDevice:
                 entry[1] += 1
             self._tensors[id(tensor)] = weakref.finalize(tensor, self._release, id(tensor), ptr)
 
+    # The pool's buffers, and the views over them it lends, are normal tensors even when
+    # the call that made them runs under ``torch.inference_mode()`` (where a view of a
+    # normal tensor is an inference tensor too): the copy threads, outside inference mode,
+    # and later calls under ``torch.no_grad()`` write into them in place.
+    @torch.inference_mode(False)
     def take(self, like: torch.Tensor | TensorLocation, what: str) -> torch.Tensor:
         """A buffer shaped like ``like`` (a tensor or a disk location): an idle one of the
         same size from the pool when there is one, else a new one on this device."""
@@ -184,6 +189,7 @@ class VirtualDevice:
             return self.adopt(flat.view(dtype).as_strided(shape, strides), what)
         return self.adopt(flat.view(dtype).view(shape), what)
 
+    @torch.inference_mode(False)  # see ``take``
     def give(self, buffer: torch.Tensor) -> None:
         """Return a buffer from :meth:`take` to the pool, for the next call to reuse."""
         # the whole buffer as bytes, whatever layout ``take`` gave it (a transposed one

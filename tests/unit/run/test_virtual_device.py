@@ -85,6 +85,27 @@ def test_streamed_buffers_are_reused_not_reallocated() -> None:
         second.result()
 
 
+@pytest.mark.parametrize("modes", [("inference", "no_grad"), ("no_grad", "inference")])
+def test_streamed_buffers_take_copies_under_inference_mode_and_after_it(
+    modes: tuple[str, str],
+) -> None:
+    """A buffer the pool lends under ``torch.inference_mode()`` is written by the copy
+    thread, which is outside inference mode, and again by a later call under
+    ``torch.no_grad()`` (and the other way round): the pool's buffers are normal tensors."""
+    contexts = {"inference": torch.inference_mode, "no_grad": torch.no_grad}
+    dev = VirtualDevice("virtual:0", capacity=10_000)
+    engine = VirtualEngine(dev, Recorder())
+    for i, mode in enumerate(modes):
+        with contexts[mode]():
+            source = torch.full((10, 10), float(i))
+            handle = engine.prefetch(lambda s=source: s, source, "w")
+            got = handle.result()
+            assert not got.is_inference()
+            torch.testing.assert_close(got, source)
+            del got
+            handle.release()
+
+
 def test_idle_buffers_are_dropped_before_running_out_of_memory() -> None:
     dev = VirtualDevice("virtual:0", capacity=1000)
     handle = VirtualEngine(dev, Recorder()).prefetch(lambda: torch.ones(200), torch.ones(200), "w")
