@@ -12,8 +12,8 @@ compute of the chunk before it.
 
 At call time the whole weight Dynamo passes is expanded into its chunks
 (:meth:`ChunkedGraph.expand`): views of its rows while it holds its bytes, empty
-placeholders of each chunk's shape once it was released to disk (a view of a tensor with
-no bytes is refused). The runtime reads a chunk from its byte range of the stored tensor
+placeholders of each chunk's shape once it was released to disk (``released_rows``: only
+the compiled graphs use them). The runtime reads a chunk from its byte range of the stored tensor
 (the rows of a row-major tensor are contiguous: ``TensorLocation.rows``). A chunk is the
 same tensor object from call to call, so its resident copy is found again.
 """
@@ -31,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..cost_graph import CostGraph, ParamRef, build_cost_graph
 from ..weights.disk import Weight
+from ..weights.released import released_rows
 from .logged import dump
 
 aten = torch.ops.aten
@@ -84,13 +85,8 @@ def rows_of(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     entry = cut.get((start, stop))
     if entry is not None and entry[0] == storage._cdata:
         return entry[1]
-    if storage.nbytes() == 0:
-        chunk = torch.empty(
-            (stop - start, *weight.shape[1:]), dtype=weight.dtype, device=weight.device
-        )
-        chunk.untyped_storage().resize_(0)  # never touched: costs no RAM
-    else:
-        chunk = weight.detach().narrow(0, start, stop - start)
+    released = released_rows(weight, start, stop)
+    chunk = weight.detach().narrow(0, start, stop - start) if released is None else released
     cut[(start, stop)] = (storage._cdata, chunk)
     return chunk
 

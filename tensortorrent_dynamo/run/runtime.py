@@ -20,6 +20,7 @@ import torch
 
 from ..errors import CopyTimeout
 from ..io.locations import TensorLocation
+from ..weights.released import released_location
 from .copies import CopyEngine, CudaEngine, HostEngine
 from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle
 from .record import Recorder
@@ -119,7 +120,7 @@ class Runtime(torch.nn.Module):
         """The copy of ``param`` kept on ``device``; a parameter whose weights were released
         to disk is read from there first. On the host, a live parameter is itself."""
         source = param.detach()
-        if self._disk_location(key) is not None and source.untyped_storage().nbytes() == 0:
+        if self._disk_location(key) is not None and released_location(param) is not None:
             assert self.disk is not None
             start = self.recorder.now()
             source = self.disk.read_now(key)

@@ -110,8 +110,9 @@ def _write_and_release(
     total = sum(w.nbytes for w in written.values())
     log.warning(
         "graph %d: %d parameters (%s) now live on disk in %s and their RAM was released; "
-        "the model's tensors are empty placeholders, so call the model through the compiled "
-        "module only",
+        "the model's tensors map their bytes there, so code run outside the compiled graphs "
+        "(the original module, generate()'s encoder) reads them through the page cache, "
+        "unverified and outside the budgets",
         graph_index,
         len(to_write),
         format_bytes(total),

@@ -9,15 +9,23 @@ A parameter's bytes are on disk in one of two ways:
 * the plan put it on disk (``weights.disk.place_on_disk``): its bytes were written to
   the offload store and its RAM released.
 
-Either way the tensor is *released*: its storage holds no bytes, its shape, dtype and
-identity are unchanged (so Dynamo's guards still hold), and :func:`released_location`
-says where its bytes are. The runtime reads them from there on each run.
+Either way the tensor is *released*: its shape, dtype and identity are unchanged (so
+Dynamo's guards still hold), :func:`released_location` says where its bytes are, and the
+runtime reads them from there on each run. Its storage is those bytes in the file, mapped
+copy-on-write: no RAM is set aside for them, and code that calls the model's modules
+outside the compiled graphs (``generate()`` runs an encoder-decoder's encoder eagerly;
+a user calls the original module) reads them through the page cache, unverified and outside
+the budgets, where it would otherwise fail deep inside torch on a tensor with no storage.
+A write to the tensor copies the pages it touches into RAM and never reaches the file.
+Where the file cannot be mapped (no ``mmap``, a damaged file), the storage is empty.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import weakref
 from pathlib import Path
 from typing import cast
 
@@ -46,12 +54,33 @@ def _remember(tensor: torch.Tensor, location: TensorLocation) -> None:
 
 
 def release(tensor: torch.Tensor, location: TensorLocation) -> None:
-    """Give the tensor's RAM back: the same tensor object now holds an empty placeholder."""
+    """Give the tensor's RAM back: the same tensor object now holds its bytes in the file."""
     _remember(tensor, location)
     tensor.data = _placeholder(location)
 
 
+def released_rows(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor | None:
+    """Rows ``start:stop`` of ``weight`` as a released tensor of their own (no storage: only
+    the compiled graphs use it, and the runtime reads its bytes), or ``None`` while
+    ``weight`` holds its bytes in RAM."""
+    location = released_location(weight)
+    if location is None:
+        return None
+    rows = location.rows(start, stop)
+    _remember(rows_tensor := _empty(rows), rows)
+    return rows_tensor
+
+
 def _placeholder(location: TensorLocation) -> torch.Tensor:
+    """A CPU tensor of the location's shape and dtype over its bytes in the file (see the
+    module); one with no storage where the file cannot be mapped."""
+    flat = _mapped(location)
+    if flat is None:
+        return _empty(location)
+    return flat.view(location.dtype).view(location.shape)
+
+
+def _empty(location: TensorLocation) -> torch.Tensor:
     """A CPU tensor of the location's shape and dtype that holds no bytes.
 
     ``torch.empty`` reserves address space only; the pages are never touched before the
@@ -60,6 +89,41 @@ def _placeholder(location: TensorLocation) -> torch.Tensor:
     tensor = torch.empty(location.shape, dtype=location.dtype)
     tensor.untyped_storage().resize_(0)
     return tensor
+
+
+# one mapping per file (by identity: a file replaced under the same name is mapped anew), as
+# long as a tensor over it lives; each tensor has a storage of its own over its bytes
+_mappings: weakref.WeakValueDictionary[tuple[int, int, int, int], mmap.mmap] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _mapped(location: TensorLocation) -> torch.Tensor | None:
+    """The location's bytes as a 1-D uint8 tensor over a private, copy-on-write mapping of
+    its file; ``None`` where that cannot be made."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None or location.nbytes == 0:
+        return None
+    try:
+        with open(location.path, "rb") as file:
+            stat = os.fstat(file.fileno())
+            if location.offset + location.nbytes > stat.st_size:
+                return None  # a truncated file: the reads will say so
+            key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            region = _mappings.get(key)
+            if region is None:
+                region = mmap.mmap(
+                    file.fileno(), 0, flags=private, prot=mmap.PROT_READ | mmap.PROT_WRITE
+                )
+                _mappings[key] = region
+    except (OSError, ValueError) as exc:
+        log.debug("cannot map %s (%s): %s holds no bytes", location.path, exc, location.key)
+        return None
+    # a storage of its own (over the shared mapping, which it keeps alive): released tensors
+    # are never taken for views of one another
+    return torch.frombuffer(
+        region, dtype=torch.uint8, count=location.nbytes, offset=location.offset
+    )
 
 
 def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int:

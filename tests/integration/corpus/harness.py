@@ -19,6 +19,11 @@ NO_BUDGET_CAPACITY = 1 << 30  # "none": the virtual device holds 1 GiB, far more
 VIRTUAL_SPEC = {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}
 
 
+# the context of a model's first and second call: both ways people run a model without
+# autograd (a buffer made under one and written under the other must work)
+INFERENCE_CONTEXTS = (torch.no_grad, torch.inference_mode)
+
+
 def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 

@@ -1,7 +1,9 @@
 """Every corpus entry through the backend at no budget and at a third of its parameters'
-bytes, called twice with different inputs, compared with eager; afterwards the original
-module still gives eager's result and its tensors are unchanged. Every entry also runs on
-the host alone with a third of its parameters' bytes in RAM, the rest read from disk."""
+bytes, called twice with different inputs (the first under ``torch.no_grad()``, the second
+under ``torch.inference_mode()``, as people call models for inference), compared with eager;
+afterwards the original module still gives eager's result and its tensors are unchanged.
+Every entry also runs on the host alone with a third of its parameters' bytes in RAM, the
+rest read from disk."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 import tensortorrent as tt
 
 from .harness import (
+    INFERENCE_CONTEXTS,
     assert_same,
     assert_tensors_equal,
     budget_bytes,
@@ -35,8 +38,8 @@ def test_entry_matches_eager(entry: Entry, budget: str) -> None:
         expected = [reference(**kwargs) for kwargs in calls]
 
     compiled = tt.compile(model, **options(budget, model))
-    with torch.no_grad():
-        for i, kwargs in enumerate(calls):
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
             assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
     check_plans(compiled.graphs, budget)
     assert 0 < peak(compiled) <= budget_bytes(budget, model)
@@ -54,9 +57,10 @@ def test_entry_streams_from_disk_within_a_host_budget(
     """With no accelerator and a host budget of a third of the parameters' bytes, the plans
     keep what fits in RAM and read the rest from the disk tier on every call: two calls with
     different inputs match eager, some weight is read from disk, and no graph's predicted
-    host peak is over the budget. (The model's own tensors of the weights moved to disk are
-    released, so the original module is not called afterwards.)"""
+    host peak is over the budget. Afterwards the original module, whose tensors of the
+    weights moved to disk now map their bytes there, still gives eager's result."""
     model = entry.build()
+    reference = copy.deepcopy(model)
     calls = [entry.inputs(0), entry.inputs(1)]
     with torch.no_grad():
         expected = [model(**kwargs) for kwargs in calls]
@@ -65,8 +69,8 @@ def test_entry_streams_from_disk_within_a_host_budget(
     compiled = tt.compile(
         model, budgets={"cpu": limit}, offload_dir=str(tmp_path), compiler="eager"
     )
-    with torch.no_grad():
-        for i, kwargs in enumerate(calls):
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
             assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
     graphs = compiled.graphs
     assert any(r.reads_from_disk for g in graphs for r in g.plan.residency), (
@@ -74,6 +78,10 @@ def test_entry_streams_from_disk_within_a_host_budget(
     )
     peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
     assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
+
+    with torch.no_grad():
+        assert_same(model(**entry.inputs(0)), expected[0], "the original module afterwards")
+    assert_tensors_equal(model, reference)
 
 
 @pytest.mark.inductor

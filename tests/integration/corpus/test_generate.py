@@ -1,9 +1,14 @@
 """``generate()`` with ``model.forward`` compiled through the backend (decoder-only and
 encoder-decoder models): greedy, 10 new tokens, two prompts of different shapes, with the
 default dynamic cache and with ``cache_implementation="static"``, at no budget and at a
-third of the parameters' bytes.
+third of the parameters' bytes; the second prompt under ``torch.inference_mode()``.
 The tokens equal eager's, every forward call ran through the backend, and the peak
 measured on the virtual device during each call is within its budget.
+
+Each family also generates with no accelerator and a host budget of a third of the
+parameters' bytes, the rest read from the disk tier on every step; an encoder-decoder's
+encoder, which ``generate()`` runs outside the compiled forward, reads the weights it
+shares with the decoder (the embedding) where the plan released them to.
 
 The per-call peak is read from the backend's ledgers (``graph.runtime.virtual[...]``):
 ``CompiledModule.measured_peaks()`` is the public figure but it is the peak since
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +29,13 @@ import tensortorrent as tt
 
 from .harness import (
     DEVICE,
+    INFERENCE_CONTEXTS,
     assert_tensors_equal,
     budget_bytes,
     check_plans,
     known_failure,
     options,
+    param_bytes,
 )
 from .models import BUDGETS, BY_NAME, GENERATE_MODELS, GENERATE_XFAIL, VOCAB
 
@@ -111,10 +119,10 @@ def test_generate_matches_eager(name: str, cache: str, budget: str) -> None:
         torch.compile(model.forward, backend="tensortorrent", options=options(budget, model))
     )
     model.forward = forward
-    with torch.no_grad():
-        for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(prompts):
+        with INFERENCE_CONTEXTS[i]():
             tokens = model.generate(prompt, **kwargs)
-            torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
+        torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
     del model.forward
 
     assert len(forward.peaks) >= 2 * NEW_TOKENS, "generate() called the compiled forward"
@@ -126,3 +134,47 @@ def test_generate_matches_eager(name: str, cache: str, budget: str) -> None:
     assert not over, f"calls whose measured peak on {DEVICE} is not within {limit} B: {over}"
     check_plans(tt.tensortorrent_backend.graphs, budget)
     assert_tensors_equal(model, reference)
+
+
+def _disk_cases() -> list[Any]:
+    cases = []
+    for name in GENERATE_MODELS:
+        for cache in CACHES:
+            marks: list[Any] = [pytest.mark.corpus]
+            if (name, cache) != ("t5", "dynamic"):
+                marks.append(pytest.mark.corpus_full)
+            cases.append(pytest.param(name, cache, id=f"{name}-{cache}-disk", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "cache"), _disk_cases())
+def test_generate_streams_from_disk_within_a_host_budget(
+    name: str, cache: str, tmp_path: Path
+) -> None:
+    """Greedy tokens equal eager's with a host budget of a third of the parameters' bytes
+    and the rest on disk: some weight is read from disk, no graph's predicted host peak is
+    over the budget, and every forward call ran through the backend."""
+    model = BY_NAME[name].build()
+    prompts, kwargs = _prompts(), _generate_kwargs(cache)
+    with torch.no_grad():
+        expected = [model.generate(p, **kwargs) for p in prompts]
+
+    limit = param_bytes(model) // 3
+    opts = {"budgets": {"cpu": limit}, "offload_dir": str(tmp_path), "compiler": "eager"}
+    forward = _PerCallPeaks(torch.compile(model.forward, backend="tensortorrent", options=opts))
+    model.forward = forward
+    for i, prompt in enumerate(prompts):
+        with INFERENCE_CONTEXTS[i]():
+            tokens = model.generate(prompt, **kwargs)
+        torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
+    del model.forward
+
+    assert all(n > 0 for n in forward.graph_calls), (
+        f"some forward calls ran no backend graph (eager fallback?): {forward.graph_calls}"
+    )
+    graphs = tt.tensortorrent_backend.graphs
+    assert any(r.reads_from_disk for g in graphs for r in g.plan.residency), (
+        "a third of the parameters' bytes in RAM: some weight must be read from disk"
+    )
+    peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
+    assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"

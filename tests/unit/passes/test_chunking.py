@@ -17,6 +17,7 @@ from tensortorrent_dynamo.io.pool import HostBufferPool
 from tensortorrent_dynamo.io.reader import DiskReader
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.passes.chunk_weights import chunk_key, chunk_weights, row_ranges, rows_of
+from tensortorrent_dynamo.weights.released import release, released_location
 
 
 def _captured(model: Callable[..., Any], *args: torch.Tensor) -> tuple[Any, GraphInputs]:
@@ -94,19 +95,20 @@ def test_a_transposed_weight_stays_whole() -> None:
     assert chunk_weights(gm, inputs.values, cost, 4096, inputs.params) is None
 
 
-def test_a_chunk_is_the_same_tensor_until_its_weight_is_released() -> None:
+def test_a_chunk_is_the_same_tensor_until_its_weight_is_released(tmp_path: Path) -> None:
     weight = nn.Parameter(torch.randn(8, 4))
     view = rows_of(weight, 2, 6)
     assert rows_of(weight, 2, 6) is view
     torch.testing.assert_close(view, weight.detach()[2:6])
     assert not view.requires_grad
-    # released to disk: the weight's storage holds nothing; a view of it would be refused
-    empty = torch.empty(8, 4)
-    empty.untyped_storage().resize_(0)
-    weight.data = empty
+    # released to disk: the chunk is a released tensor of its own at its rows' bytes, with
+    # no storage (only the compiled graph uses it; the runtime reads its bytes)
+    (location,) = write_safetensors(tmp_path / "w.safetensors", {"w": weight.detach()}).values()
+    release(weight, location)
     placeholder = rows_of(weight, 2, 6)
     assert placeholder is not view and rows_of(weight, 2, 6) is placeholder
     assert placeholder.shape == (4, 4) and placeholder.untyped_storage().nbytes() == 0
+    assert released_location(placeholder) == location.rows(2, 6)
 
 
 @pytest.mark.parametrize("direct", [None, False])

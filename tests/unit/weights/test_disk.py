@@ -21,6 +21,7 @@ from tensortorrent_dynamo.profile import host_profile
 from tensortorrent_dynamo.settings import Settings, parse_options
 from tensortorrent_dynamo.weights.disk import Weight, place_on_disk, whole_weights
 from tensortorrent_dynamo.weights.released import release, released_location
+from tests.mapped import holds_its_file
 from tests.models import mlp, param_bytes
 
 
@@ -87,9 +88,14 @@ def test_a_planned_disk_tier_writes_the_streamed_weights_and_releases_them(
         if weight.fqn in streamed:
             location = released_location(weight.tensor)
             assert location is not None and locations[weight.fqn] == location
-            assert weight.tensor.untyped_storage().nbytes() == 0
             assert (tmp_path / "offload") in location.path.parents
             assert location.key == weight.fqn
+            assert _file_bytes(location) == before[weight.fqn].numpy().tobytes()
+            # no RAM of its own: the tensor's bytes are its file's, mapped; writing to it
+            # copies the page, and the file keeps the stored bytes
+            assert holds_its_file(weight.tensor)
+            assert torch.equal(weight.tensor, before[weight.fqn])
+            weight.tensor.data.add_(1.0)
             assert _file_bytes(location) == before[weight.fqn].numpy().tobytes()
         else:
             assert released_location(weight.tensor) is None
@@ -115,7 +121,7 @@ def test_only_disk_tier_weights_are_touched(tmp_path: Path) -> None:
 
     assert set(locations) == {"0.weight"}
     assert _stored_keys(tmp_path / "offload") == {"0.weight"}
-    assert by_name["0.weight"].untyped_storage().nbytes() == 0
+    assert holds_its_file(by_name["0.weight"])
     for fqn in ("0.bias", "2.weight", "2.bias"):
         assert released_location(by_name[fqn]) is None, fqn
         assert by_name[fqn].data_ptr() == ptrs[fqn], fqn

@@ -4,6 +4,7 @@ registry of where each released tensor's bytes are."""
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.weights import released
 from tensortorrent_dynamo.weights.released import bind_checkpoint, release, released_location
+from tests.mapped import holds_its_file
 
 
 class Tied(nn.Module):
@@ -60,7 +62,7 @@ def _file_bytes(location: TensorLocation) -> bytes:
         return f.read(location.nbytes)
 
 
-def test_every_meta_tensor_is_bound_to_an_empty_placeholder_at_its_bytes(tmp_path: Path) -> None:
+def test_every_meta_tensor_is_bound_to_its_bytes_in_the_file_mapped(tmp_path: Path) -> None:
     real = _real()
     written = _checkpoint(tmp_path / "model.safetensors", _unique_state(real))
     model = _meta()
@@ -74,7 +76,7 @@ def test_every_meta_tensor_is_bound_to_an_empty_placeholder_at_its_bytes(tmp_pat
     for name, tensor in state.items():
         assert tensor.device.type == "cpu", name
         assert (tensor.shape, tensor.dtype) == expected[name], name
-        assert tensor.untyped_storage().nbytes() == 0, name
+        assert holds_its_file(tensor), name
         location = released_location(tensor)
         assert location is not None, name
         stored = written["emb.weight" if name == "head.weight" else name]
@@ -149,14 +151,44 @@ def test_an_ordinary_tensor_has_no_location() -> None:
     assert released_location(nn.Parameter(torch.ones(3))) is None
 
 
-def test_release_keeps_the_tensor_object_and_drops_its_bytes(tmp_path: Path) -> None:
+def test_release_keeps_the_tensor_object_and_maps_its_bytes(tmp_path: Path) -> None:
     tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     (location,) = write_safetensors(tmp_path / "t.safetensors", {"t": tensor.clone()}).values()
     before = id(tensor)
     release(tensor, location)
     assert id(tensor) == before and tensor.shape == (3, 4) and tensor.dtype == torch.float32
-    assert tensor.untyped_storage().nbytes() == 0
     assert released_location(tensor) == location
+    # eager code still reads it (through the page cache), and writes stay out of the file
+    assert holds_its_file(tensor)
+    torch.testing.assert_close(tensor, torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    tensor.data.mul_(0)
+    assert _file_bytes(location) == torch.arange(12, dtype=torch.float32).numpy().tobytes()
+
+
+def test_a_file_that_cannot_be_mapped_leaves_a_tensor_with_no_bytes(tmp_path: Path) -> None:
+    """A location past the end of its file (truncated since it was written) is not mapped:
+    the tensor holds nothing, and the runtime's verified reads say what is wrong."""
+    tensor = torch.ones(4)
+    (location,) = write_safetensors(tmp_path / "t.safetensors", {"t": tensor.clone()}).values()
+    os.truncate(location.path, location.offset + 4)
+    release(tensor, location)
+    assert released_location(tensor) == location and tensor.shape == (4,)
+    assert tensor.untyped_storage().nbytes() == 0
+
+
+def test_released_tensors_of_one_file_do_not_share_a_storage(tmp_path: Path) -> None:
+    """Each released tensor has a storage of its own over the file's one mapping: the graph
+    capture does not take them for views of one another."""
+    tensors = {"a": torch.ones(1024), "b": torch.zeros(1024)}
+    written = write_safetensors(
+        tmp_path / "t.safetensors", {k: t.clone() for k, t in tensors.items()}
+    )
+    for key, tensor in tensors.items():
+        release(tensor, written[key])
+    a, b = tensors["a"], tensors["b"]
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert a.untyped_storage().nbytes() == b.untyped_storage().nbytes() == 4096
+    assert torch.equal(a, torch.ones(1024)) and torch.equal(b, torch.zeros(1024))
 
 
 def test_the_registry_does_not_keep_a_tensor_alive(tmp_path: Path) -> None:
