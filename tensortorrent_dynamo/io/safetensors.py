@@ -43,7 +43,11 @@ _DTYPES: dict[str, torch.dtype] = {
     "I32": torch.int32,
     "I16": torch.int16,
     "I8": torch.int8,
+    "U64": torch.uint64,
+    "U32": torch.uint32,
+    "U16": torch.uint16,
     "U8": torch.uint8,
+    "C64": torch.complex64,  # rotary tables kept as complex numbers (Qwen-Image's)
     "BOOL": torch.bool,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,

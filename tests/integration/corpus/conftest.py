@@ -41,6 +41,10 @@ def _case_key(nodeid: str) -> str:
         return f"forward budget={parts[-1]}"
     if test == "test_entry_streams_from_disk_within_a_host_budget":
         return "forward from disk budget=third of host RAM"
+    if test == "test_entry_in_bfloat16_matches_eager":
+        return f"forward in bfloat16 budget={parts[-1]}"
+    if test == "test_generate_streams_from_disk_within_a_host_budget":
+        return f"generate budget=disk cache={parts[1]}"
     if test == "test_entry_segments_run_on_cuda":
         return f"cuda placement budget={parts[-1]}"
     if test == "test_generate_segments_run_on_cuda":

@@ -216,6 +216,36 @@ def _pixart_inputs(seed: int) -> Inputs:
     }
 
 
+def _wan_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    return {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8, generator=g),  # 2 frames of 8x8
+        "timestep": torch.tensor([10 + seed]),
+        "encoder_hidden_states": torch.randn(1, 6 + seed, 32, generator=g),
+    }
+
+
+def _sana_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    return {
+        "hidden_states": torch.randn(2, 4, 8, 8, generator=g),
+        "encoder_hidden_states": torch.randn(2, 5 + seed, 32, generator=g),
+        "timestep": torch.tensor([10 + seed, 500]),
+    }
+
+
+def _qwenimage_inputs(seed: int) -> Inputs:
+    g = _generator(seed)
+    text = 6 + seed
+    return {
+        "hidden_states": torch.randn(1, 16, 16, generator=g),  # a 4x4 latent as 16 tokens
+        "encoder_hidden_states": torch.randn(1, text, 32, generator=g),
+        "encoder_hidden_states_mask": torch.ones(1, text, dtype=torch.long),
+        "timestep": torch.tensor([0.5 + 0.1 * seed]),
+        "img_shapes": [(1, 4, 4)],
+    }
+
+
 IMAGE_TOKEN = VOCAB - 1
 """Llava's image token: the ids where the vision tower's features go."""
 
@@ -539,6 +569,89 @@ ENTRIES: list[Entry] = [
         decoder_inputs,
     ),
     Entry(
+        "gpt_oss",
+        "gpt_oss",
+        "attention sinks (a learned logit per head), MoE with a clamped SwiGLU, "
+        "sliding/full layers alternating",
+        _causal_lm(
+            "GptOssConfig",
+            **LM,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2),
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "qwen3_moe",
+        "qwen3_moe",
+        "MoE in every layer (top-k routing over experts of their own width), q/k RMSNorm",
+        _causal_lm(
+            "Qwen3MoeConfig",
+            **LM,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "llama4",
+        "llama4_text",
+        "chunked local attention, layers without rotary embeddings (NoPE), MoE with a shared "
+        "expert",
+        _causal_lm(
+            "Llama4TextConfig",
+            **LM,
+            head_dim=16,
+            intermediate_size_mlp=128,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            attention_chunk_size=8,
+            interleave_moe_layer_step=1,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "lfm2",
+        "lfm2",
+        "gated short convolutions (a conv state) between attention layers",
+        _causal_lm(
+            "Lfm2Config",
+            **LM,
+            layer_types=["conv", "full_attention"] * (LAYERS // 2),
+        ),
+        decoder_inputs,
+    ),
+    Entry(
+        "qwen3_next",
+        "qwen3_next",
+        "gated delta-rule linear attention (chunked, with a causal conv) beside gated full "
+        "attention, MoE with a shared expert",
+        _causal_lm(
+            "Qwen3NextConfig",
+            # 12 layers: at 4, a third is under what one linear-attention layer's chunks
+            # keep alive (the plan is rightly infeasible)
+            **(LM | {"num_hidden_layers": 12}),
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"] * 6,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
         "mamba",
         "mamba",
         "selective state-space layers (the sequential scan), causal depthwise conv; no attention",
@@ -765,6 +878,29 @@ ENTRIES: list[Entry] = [
     ),
     # --- audio
     Entry(
+        "modernbert",
+        "modernbert",
+        "local (sliding) and global attention layers alternating, rotary embeddings, "
+        "padding removed inside the model (unpadded tokens, re-padded at the end)",
+        _auto(
+            "AutoModelForMaskedLM",
+            "ModernBertConfig",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
+            local_attention=8,
+            global_attn_every_n_layers=2,
+        ),
+        encoder_inputs,
+    ),
+    Entry(
         "wav2vec2",
         "wav2vec2",
         "conv feature encoder over raw audio, grouped-conv positional embedding",
@@ -978,12 +1114,77 @@ ENTRIES: list[Entry] = [
         ),
         _pixart_inputs,
     ),
+    Entry(
+        "wan",
+        "diffusers.WanTransformer3DModel",
+        "video DiT: 3D patches, rotary embeddings over frames, height and width, "
+        "cross-attention to text",
+        _diffusers(
+            "WanTransformer3DModel",
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=6,
+            rope_max_seq_len=32,
+        ),
+        _wan_inputs,
+    ),
+    Entry(
+        "sana",
+        "diffusers.SanaTransformer2DModel",
+        "linear attention (ReLU kernels, no softmax), convolutional Mix-FFN",
+        _diffusers(
+            "SanaTransformer2DModel",
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            # 12 layers: at 6, a third is under one block and its working set
+            num_layers=12,
+            num_cross_attention_heads=2,
+            cross_attention_head_dim=16,
+            cross_attention_dim=32,
+            caption_channels=32,
+            sample_size=8,
+            patch_size=1,
+        ),
+        _sana_inputs,
+    ),
+    Entry(
+        "qwenimage",
+        "diffusers.QwenImageTransformer2DModel",
+        "MMDiT with complex rotary embeddings over the image's frame, height and width, a text "
+        "mask",
+        _diffusers(
+            "QwenImageTransformer2DModel",
+            patch_size=1,
+            in_channels=16,
+            out_channels=16,
+            # 16 layers: its rotary tables (buffers, 512 KiB) stay resident, so a third of
+            # fewer layers' weights is under what one block needs beside them
+            num_layers=16,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        _qwenimage_inputs,
+    ),
 ]
 
 BY_NAME: dict[str, Entry] = {e.name: e for e in ENTRIES}
 assert len(BY_NAME) == len(ENTRIES), "entry names are unique"
 
 BUDGETS = ("none", "third")
+
+# the entries also run in bfloat16 (weights and floating inputs), as most large models are
+# run: a decoder LM, an encoder-decoder, an MMDiT and a UNet
+BFLOAT16_MODELS = ("llama", "t5", "flux", "unet2d_condition")
 
 # generate(): the families it runs on (decoder-only, then encoder-decoder: the encoder
 # runs once outside forward, each step's forward is the decoder's), and its known failures

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from .harness import (
     param_bytes,
     peak,
 )
-from .models import BUDGETS, BY_NAME, ENTRIES, Entry
+from .models import BFLOAT16_MODELS, BUDGETS, BY_NAME, ENTRIES, Entry
 
 
 @pytest.mark.parametrize(("entry", "budget"), entry_cases(ENTRIES, BUDGETS))
@@ -82,6 +83,41 @@ def test_entry_streams_from_disk_within_a_host_budget(
     with torch.no_grad():
         assert_same(model(**entry.inputs(0)), expected[0], "the original module afterwards")
     assert_tensors_equal(model, reference)
+
+
+def _bfloat16(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in kwargs.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    entry_cases([BY_NAME[name] for name in BFLOAT16_MODELS], ("third", "disk"), False),
+)
+def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Path) -> None:
+    """The model and its floating inputs in bfloat16, streamed at a third of its parameters'
+    bytes (to the virtual device, or from disk under a host budget): two calls match eager
+    in bfloat16, within bfloat16's tolerance."""
+    model = entry.build().to(torch.bfloat16)
+    calls = [_bfloat16(entry.inputs(0)), _bfloat16(entry.inputs(1))]
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+    if budget == "disk":
+        opts: dict[str, Any] = {
+            "budgets": {"cpu": param_bytes(model) // 3},
+            "offload_dir": str(tmp_path),
+            "compiler": "eager",
+        }
+    else:
+        opts = options(budget, model)
+    compiled = tt.compile(model, **opts)
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
+    assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
 
 
 @pytest.mark.inductor
