@@ -358,7 +358,8 @@ class Session:
         """The weights (whole, by fqn) kept in RAM by the plans that cannot change any more
         (their graphs can no longer be planned again), but the one of graph ``replacing``:
         a new plan must leave them in RAM, as releasing one to disk would leave those
-        graphs with an empty tensor where their plans expect its bytes."""
+        graphs reading it through the page cache (its file mapped), unverified and unplanned,
+        where their plans expect its bytes in RAM."""
         return frozenset(
             name
             for g in self.graphs

@@ -4,8 +4,8 @@ A parameter's bytes are on disk in one of two ways:
 
 * the model was built on the meta device and its weights are in the user's safetensors
   checkpoint (``checkpoint=``): :func:`bind_checkpoint` gives each meta tensor a CPU
-  placeholder of the right shape and dtype with no storage, and remembers where its
-  bytes are in the file;
+  tensor of the right shape and dtype over its bytes in the file, and remembers where
+  they are;
 * the plan put it on disk (``weights.disk.place_on_disk``): its bytes were written to
   the offload store and its RAM released.
 
