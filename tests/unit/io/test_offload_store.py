@@ -243,7 +243,7 @@ def test_unknown_keys_and_unstorable_tensors_are_refused(tmp_path: Path) -> None
     with pytest.raises(OffloadError, match="meta device"):
         store.write({"m": torch.empty(3, device="meta")})
     with pytest.raises(OffloadError, match="cannot be stored"):
-        store.write({"c": torch.zeros(2, dtype=torch.complex64)})
+        store.write({"c": torch.zeros(2, dtype=torch.complex128)})
     assert not shards(store)
 
 
