@@ -88,6 +88,26 @@ class _PerCallPeaks:
         return out
 
 
+def _generate_compiled(
+    model: Any,
+    opts: dict[str, Any],
+    prompts: list[torch.Tensor],
+    kwargs: dict[str, Any],
+    expected: list[torch.Tensor],
+) -> _PerCallPeaks:
+    """Generate from each prompt with ``model.forward`` compiled through the backend with
+    ``opts`` (the second prompt under ``torch.inference_mode()``); the tokens must equal
+    ``expected``. Returns the compiled forward's per-call figures."""
+    forward = _PerCallPeaks(torch.compile(model.forward, backend="tensortorrent", options=opts))
+    model.forward = forward
+    for i, prompt in enumerate(prompts):
+        with INFERENCE_CONTEXTS[i]():
+            tokens = model.generate(prompt, **kwargs)
+        torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
+    del model.forward
+    return forward
+
+
 def _cases() -> list[Any]:
     cases = []
     for name in GENERATE_MODELS:
@@ -115,16 +135,7 @@ def test_generate_matches_eager(name: str, cache: str, budget: str) -> None:
     start = [1, 1] if model.config.is_encoder_decoder else [5, 9]
     assert [e.shape for e in expected] == [(1, start[0] + NEW_TOKENS), (2, start[1] + NEW_TOKENS)]
 
-    forward = _PerCallPeaks(
-        torch.compile(model.forward, backend="tensortorrent", options=options(budget, model))
-    )
-    model.forward = forward
-    for i, prompt in enumerate(prompts):
-        with INFERENCE_CONTEXTS[i]():
-            tokens = model.generate(prompt, **kwargs)
-        torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
-    del model.forward
-
+    forward = _generate_compiled(model, options(budget, model), prompts, kwargs, expected)
     assert len(forward.peaks) >= 2 * NEW_TOKENS, "generate() called the compiled forward"
     assert all(n > 0 for n in forward.graph_calls), (
         f"some forward calls ran no backend graph (eager fallback?): {forward.graph_calls}"
@@ -161,14 +172,7 @@ def test_generate_streams_from_disk_within_a_host_budget(
 
     limit = param_bytes(model) // 3
     opts = {"budgets": {"cpu": limit}, "offload_dir": str(tmp_path), "compiler": "eager"}
-    forward = _PerCallPeaks(torch.compile(model.forward, backend="tensortorrent", options=opts))
-    model.forward = forward
-    for i, prompt in enumerate(prompts):
-        with INFERENCE_CONTEXTS[i]():
-            tokens = model.generate(prompt, **kwargs)
-        torch.testing.assert_close(tokens, expected[i], rtol=0, atol=0, msg=f"prompt {i + 1}")
-    del model.forward
-
+    forward = _generate_compiled(model, opts, prompts, kwargs, expected)
     assert all(n > 0 for n in forward.graph_calls), (
         f"some forward calls ran no backend graph (eager fallback?): {forward.graph_calls}"
     )
