@@ -16,12 +16,17 @@ copy-on-write: no RAM is set aside for them, and code that calls the model's mod
 outside the compiled graphs (``generate()`` runs an encoder-decoder's encoder eagerly;
 a user calls the original module) reads them through the page cache, unverified and outside
 the budgets, where it would otherwise fail deep inside torch on a tensor with no storage.
-A write to the tensor copies the pages it touches into RAM and never reaches the file.
-Where the file cannot be mapped (no ``mmap``, a damaged file), the storage is empty.
+A write to the tensor copies the pages it touches into RAM and never reaches the file, so
+the compiled graphs, which read the file, would run on the old bytes: a tensor written in
+place since it was released (its version counter moved: ``load_state_dict``, an in-place
+op) is refused by :func:`check_unwritten` before the runtime reads it. A write through
+``.data`` moves no version counter and goes unseen. Where the file cannot be mapped (no
+``mmap``, a damaged file), the storage is empty.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
@@ -32,25 +37,69 @@ from typing import cast
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, OffloadError
 from ..io.locations import FileGuard, TensorLocation
 from ..io.safetensors import safetensors_locations
 
 log = logging.getLogger(__name__)
 
+
+@dataclasses.dataclass(frozen=True)
+class _Released:
+    location: TensorLocation
+    version: int  # the tensor's version counter when it was released
+    # of a row chunk: the weight it is rows of, and that weight's version when released
+    whole: weakref.ref[torch.Tensor] | None = None
+    whole_version: int = 0
+
+
 # tensor -> where its bytes are, for as long as the tensor lives
 _released: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+def _record(tensor: torch.Tensor) -> _Released | None:
+    return cast("_Released | None", _released.get(tensor))  # type: ignore[no-untyped-call]
+
+
 def released_location(tensor: torch.Tensor) -> TensorLocation | None:
     """Where the bytes of a released tensor are; ``None`` for a tensor that holds its own."""
-    location = _released.get(tensor)  # type: ignore[no-untyped-call]
-    return cast("TensorLocation | None", location)
+    record = _record(tensor)
+    return None if record is None else record.location
 
 
-def _remember(tensor: torch.Tensor, location: TensorLocation) -> None:
-    """Record that ``tensor``'s bytes are at ``location``, for as long as it lives."""
-    _released[tensor] = location
+def check_unwritten(tensor: torch.Tensor) -> None:
+    """Raise :class:`OffloadError` when the released ``tensor`` (or the weight a row chunk
+    is of) was written in place since its bytes were stored: the file still holds the old
+    ones, which the compiled graphs would read."""
+    record = _record(tensor)
+    if record is None:
+        return
+    whole = record.whole() if record.whole is not None else None
+    if tensor._version == record.version and (
+        whole is None or whole._version == record.whole_version
+    ):
+        return
+    raise OffloadError(
+        f"{record.location.key}: the model's tensor was written in place after its bytes were "
+        f"moved to {record.location.path}, and the compiled graphs read them from there, so "
+        "they would run on the old weights. Load new weights into the model before compiling "
+        "it (or into a new model, and compile that)"
+    )
+
+
+def _remember(
+    tensor: torch.Tensor, location: TensorLocation, whole: torch.Tensor | None = None
+) -> None:
+    """Record that ``tensor``'s bytes are at ``location`` (rows of ``whole``'s), for as long
+    as it lives."""
+    if whole is None:
+        _released[tensor] = _Released(location, tensor._version)
+    else:
+        whole_record = _record(whole)
+        assert whole_record is not None
+        _released[tensor] = _Released(
+            location, tensor._version, weakref.ref(whole), whole_record.version
+        )
 
 
 def release(tensor: torch.Tensor, location: TensorLocation) -> None:
@@ -67,7 +116,7 @@ def released_rows(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor |
     if location is None:
         return None
     rows = location.rows(start, stop)
-    _remember(rows_tensor := _empty(rows), rows)
+    _remember(rows_tensor := _empty(rows), rows, whole=weight)
     return rows_tensor
 
 

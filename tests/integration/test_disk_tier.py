@@ -4,6 +4,7 @@ back each run; a meta-device model runs from its safetensors checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,27 @@ def _compile(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path, **options:
     return tt.compile(
         model, (x,), offload_dir=str(tmp_path / "offload"), compiler="eager", **options
     )
+
+
+@pytest.mark.parametrize("chunk", [0, 2**16])
+def test_a_weight_written_in_place_after_it_was_moved_to_disk_is_refused(
+    tmp_path: Path, chunk: int
+) -> None:
+    """A released weight maps its stored bytes copy-on-write, so a write to it (here as
+    ``load_state_dict`` makes it) would leave the compiled graphs reading the old bytes:
+    the next call refuses, naming the weight, rather than run on stale weights. Whole
+    weights and weights read in row chunks alike."""
+    model, x = mlp(256, 8), torch.randn(16, 256)
+    compiled = _compile(
+        model, x, tmp_path, budgets={"cpu": _host_budget(model)}, stream_chunk_bytes=chunk
+    )
+    with torch.no_grad():
+        compiled(x)
+    name, weight = next((n, p) for n, p in model.named_parameters() if holds_its_file(p))
+    with torch.no_grad():
+        weight.mul_(2.0)
+        with pytest.raises(tt.OffloadError, match=rf"{re.escape(name)}.*written in place"):
+            compiled(x)
 
 
 def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None:
