@@ -4,6 +4,7 @@ and what the plans of a compiled model did."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -53,6 +54,16 @@ def options(budget: str, model: nn.Module) -> dict[str, Any]:
     else:
         opts["budgets"] = {DEVICE: budget_bytes(budget, model)}
     return opts
+
+
+def disk_options(model: nn.Module, offload_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Options with no accelerator and a host budget of a third of the parameters' bytes:
+    what fits stays in RAM, the rest is read from the disk tier in ``offload_dir``."""
+    return {
+        "budgets": {"cpu": param_bytes(model) // 3},
+        "offload_dir": str(offload_dir),
+        "compiler": "eager",
+    }
 
 
 def leaves(obj: Any, path: str = "out") -> Iterator[tuple[str, Any]]:

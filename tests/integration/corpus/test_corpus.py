@@ -22,9 +22,9 @@ from .harness import (
     assert_tensors_equal,
     budget_bytes,
     check_plans,
+    disk_options,
     entry_cases,
     options,
-    param_bytes,
     peak,
 )
 from .models import BFLOAT16_MODELS, BUDGETS, BY_NAME, ENTRIES, Entry
@@ -66,10 +66,9 @@ def test_entry_streams_from_disk_within_a_host_budget(
     with torch.no_grad():
         expected = [model(**kwargs) for kwargs in calls]
 
-    limit = param_bytes(model) // 3
-    compiled = tt.compile(
-        model, budgets={"cpu": limit}, offload_dir=str(tmp_path), compiler="eager"
-    )
+    opts = disk_options(model, tmp_path)
+    limit = opts["budgets"]["cpu"]
+    compiled = tt.compile(model, **opts)
     for i, kwargs in enumerate(calls):
         with INFERENCE_CONTEXTS[i]():
             assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
@@ -104,14 +103,7 @@ def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Pa
     calls = [_bfloat16(entry.inputs(0)), _bfloat16(entry.inputs(1))]
     with torch.no_grad():
         expected = [model(**kwargs) for kwargs in calls]
-    if budget == "disk":
-        opts: dict[str, Any] = {
-            "budgets": {"cpu": param_bytes(model) // 3},
-            "offload_dir": str(tmp_path),
-            "compiler": "eager",
-        }
-    else:
-        opts = options(budget, model)
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
     compiled = tt.compile(model, **opts)
     for i, kwargs in enumerate(calls):
         with INFERENCE_CONTEXTS[i]():

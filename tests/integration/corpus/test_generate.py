@@ -33,9 +33,9 @@ from .harness import (
     assert_tensors_equal,
     budget_bytes,
     check_plans,
+    disk_options,
     known_failure,
     options,
-    param_bytes,
 )
 from .models import BUDGETS, BY_NAME, GENERATE_MODELS, GENERATE_XFAIL, VOCAB
 
@@ -170,8 +170,8 @@ def test_generate_streams_from_disk_within_a_host_budget(
     with torch.no_grad():
         expected = [model.generate(p, **kwargs) for p in prompts]
 
-    limit = param_bytes(model) // 3
-    opts = {"budgets": {"cpu": limit}, "offload_dir": str(tmp_path), "compiler": "eager"}
+    opts = disk_options(model, tmp_path)
+    limit = opts["budgets"]["cpu"]
     forward = _generate_compiled(model, opts, prompts, kwargs, expected)
     assert all(n > 0 for n in forward.graph_calls), (
         f"some forward calls ran no backend graph (eager fallback?): {forward.graph_calls}"
