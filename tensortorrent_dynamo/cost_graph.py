@@ -3,8 +3,9 @@
 Nodes are the graph's non-parameter placeholders and its operations, in
 topological order. Parameters and buffers (Dynamo's static inputs) are listed
 apart with their bytes and users: where they live is the planner's decision.
-FLOPs come from ``FlopCounterMode`` run on the graph's own fake tensors, so no
-real compute happens here.
+FLOPs are counted with torch's formulas (:class:`~.flops.FlopCount`, what
+``FlopCounterMode`` counts) on the graph's own fake tensors, so no real compute
+happens here.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
 
 from ._native import native_planner
 from .errors import CostGraphFormatError
+from .flops import FlopCount
 from .io.files import digest, read_json, write_json
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class CostNode:
     """One node of the cost graph.
 
     Attributes:
-        flops: what ``FlopCounterMode`` counts for the op (matmuls, convolutions,
+        flops: what ``FlopCount`` (as ``FlopCounterMode``) counts for the op (matmuls, convolutions,
             attention). Ops it does not count (elementwise, norms, reductions, views)
             have 0 here and are costed by ``bytes_accessed`` instead: they are
             memory-bound, so the bytes they read and write set their time.
@@ -571,14 +572,14 @@ def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) ->
     )
     if fake_mode is None:
         return 0.0  # no tensor inputs: nothing to count
-    with fake_mode, FlopCounterMode(display=False) as counter:
+    with fake_mode, FlopCount() as counter:
         if node.op == "call_function":
             node.target(*args, **kwargs)  # type: ignore[operator]
         elif node.op == "call_method":
             getattr(args[0], str(node.target))(*args[1:], **kwargs)
         else:
             raise ValueError(f"cannot cost a {node.op} node")
-    return float(size_hint(counter.get_total_flops(), sizes))
+    return float(size_hint(counter.total, sizes))
 
 
 def _flops_dtype(node: torch.fx.Node) -> str | None:

@@ -23,6 +23,7 @@ from torch._dispatch.python import no_python_dispatcher
 
 from ..compiling.direct import direct_calls
 from ..errors import OffloadError
+from ..flops import FlopCount
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
 from ..io.reader import DEFAULT_CHUNK_BYTES, INLINE_READ_BYTES, DiskReader, ReadResult
@@ -265,8 +266,6 @@ def attention_flops(device: str, budget: Budget, tokens: int | None = None) -> F
     ``tokens`` tokens where given), causal, its FLOPs counted as a cost graph counts them
     (``FlopCounterMode``): attention runs far below the square matmul's rate, its products
     small and a softmax between, and further below it over few tokens."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     batch, heads, shape_tokens, size = ATTENTION_SHAPE
     tokens = tokens or shape_tokens
     q, k, v = (torch.randn(batch, heads, tokens, size, device=device) for _ in range(3))
@@ -274,10 +273,9 @@ def attention_flops(device: str, budget: Budget, tokens: int | None = None) -> F
     def call() -> None:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    counter = FlopCounterMode(display=False)
-    with counter:
+    with FlopCount() as counter:
         call()
-    flops = counter.get_total_flops()
+    flops = counter.total
     per_call, calls = time_per_call(call, _sync((device,)), budget)
     return Figure(
         value=flops / per_call,

@@ -380,6 +380,56 @@ def test_four_threads_calling_one_streamed_model_all_get_their_answer(tmp_path: 
     assert 0 < compiled.measured_peaks()["virtual:0"] <= budget
 
 
+def test_a_plan_made_at_call_time_leaves_another_threads_compiled_model_alone() -> None:
+    """A call in a new range of sizes plans at call time, while another thread runs a
+    compiled model. Counting the plan's FLOPs must not reach into that thread: with
+    ``FlopCounterMode``'s global module hooks, its module calls, under Dynamo, traced them
+    and failed."""
+    model = mlp(128, 8)
+    compiled = torch.compile(
+        model,
+        backend="tensortorrent",
+        dynamic=True,
+        options={
+            "compiler": "eager",
+            "budgets": {"virtual:0": param_bytes(model) // 2},
+            "virtual_devices": FAST_VIRTUAL,
+            "devices": ["virtual:0"],
+        },
+    )
+    other, y = torch.compile(mlp(32, 4, seed=1), backend="eager"), torch.randn(4, 32)
+    with torch.no_grad():
+        compiled(torch.randn(3, 128))
+        other(y)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    calls = 0
+
+    def run_other() -> None:
+        nonlocal calls
+        try:
+            with torch.no_grad():
+                while not stop.is_set():
+                    other(y)
+                    calls += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    try:
+        for rows in (8, 16, 32, 64):  # each in a range of sizes not planned yet
+            x = torch.randn(rows, 128)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), model(x))
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    assert calls > 0
+    assert len(tt.tensortorrent_backend.graphs) == 5, "each range was planned at its call"
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("budgets", {"cuda:7": "1GiB"}), ("devices", ["cuda:3"])],
