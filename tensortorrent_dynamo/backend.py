@@ -10,6 +10,8 @@ planned knowing what the others keep resident.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch.fx
 from ._logs import register
 from .errors import OptionsError
 from .functional import GraphInputs, functional
+from .instances import Instances, instance_inputs
 from .pipeline import Replanner, plan_and_compile
 from .session import CompiledGraph, Session
 from .settings import Settings, parse_options
@@ -62,28 +65,47 @@ class TensorTorrentBackend:
 
     def compile_graph(
         self, gm: torch.fx.GraphModule, graph_inputs: GraphInputs, settings: Settings
-    ) -> CompiledGraph | SizeRanges:
-        """Plan, rewrite and compile one functional graph (see :mod:`.functional`); a
-        graph with symbolic sizes gets one plan per range of sizes (:mod:`.shapes`)."""
+    ) -> Callable[..., Any]:
+        """Plan, rewrite and compile one functional graph (see :mod:`.functional`): once for
+        each set of weights it is called with (:mod:`.instances`), and a graph with symbolic
+        sizes once per range of sizes (:mod:`.shapes`)."""
         session = self._session(settings)
         compile_id = torch._guards.CompileContext.current_compile_id()
-        frame = compile_id.frame_id if compile_id is not None else None
+        dynamo_frame = compile_id.frame_id if compile_id is not None else None
         sizes = SymbolicSizes.of(gm)
 
-        def hooked(compiled: CompiledGraph, bounds: dict[str, int] | None = None) -> CompiledGraph:
-            if session.settings.plan is None:  # a saved plan's graphs are replayed as saved
-                compiled.replan = Replanner(session, gm, graph_inputs, frame, bounds)
-            return compiled
+        # the traced values, for the first plan only: a call's own are planned with after
+        # that, so that the tensors traced with (a KV cache) are not kept alive
+        traced = [graph_inputs]
+        shape = dataclasses.replace(graph_inputs, values=())
 
-        if not sizes:
-            return hooked(plan_and_compile(session, gm, graph_inputs, frame))
+        def build(weights: tuple[Any, ...], args: Sequence[Any] | None) -> Callable[..., Any]:
+            """The graph of the instance ``weights`` are, planned with them (at call time,
+            with ``args``, the call's arguments, under the session's lock, as no call may
+            run meanwhile)."""
+            with session.lock if args is not None else contextlib.nullcontext():
+                instance = session.instance_of(dynamo_frame, weights)
+                described = traced.pop() if args is None else shape
+                inputs = instance_inputs(described, args, session.weight_name)
+                frame = session.instance_frame(dynamo_frame, instance)
 
-        def build(bounds: dict[str, int]) -> CompiledGraph:
-            # at call time too: under the session's lock, as no call may run meanwhile
-            with session.lock:
-                return hooked(plan_and_compile(session, gm, graph_inputs, frame, bounds), bounds)
+                def hooked(
+                    compiled: CompiledGraph, bounds: dict[str, int] | None = None
+                ) -> CompiledGraph:
+                    if session.settings.plan is None:  # a saved plan's are replayed as saved
+                        compiled.replan = Replanner(session, gm, inputs, frame, bounds)
+                    return compiled
 
-        return SizeRanges(sizes, build)
+                if not sizes:
+                    return hooked(plan_and_compile(session, gm, inputs, frame))
+
+                def build_range(bounds: dict[str, int]) -> CompiledGraph:
+                    with session.lock:
+                        return hooked(plan_and_compile(session, gm, inputs, frame, bounds), bounds)
+
+                return SizeRanges(sizes, build_range)
+
+        return Instances(sorted(graph_inputs.params), graph_inputs.values, build)
 
     def _session(self, settings: Settings) -> Session:
         key = settings.fingerprint()

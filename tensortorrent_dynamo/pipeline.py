@@ -63,10 +63,13 @@ def plan_and_compile(
     reference = copy_module(gm) if settings.verify and graph_inputs.state else gm
     StateInPlace(graph_inputs.state)(gm)
     cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes, graph_inputs.state)
-    source = (digest(gm.code, 64), cost.digest())
+    # the plan is made for these tensors: another module's, of the same code and costs,
+    # are another instance (``instances.py``)
+    tensors = tuple(id(example_inputs[p.arg_index]) for p in cost.params)
+    source = (digest(gm.code, 64), cost.digest(), tensors)
     if source in session.by_source and replacing is None:
         # A recompile (a guard failed) that produced the same graph with the same
-        # costs: its plan's assumptions still hold.
+        # costs and weights: its plan's assumptions still hold.
         again = session.by_source[source]
         log.info(
             "recompiled graph is graph %d again (same code and costs): reusing plan %s",
@@ -75,7 +78,19 @@ def plan_and_compile(
         )
         return again
     check_fallbacks(cost, settings.strict)
-    plan, chunked = _plan_chunked(session, gm, graph_inputs, cost, profile, frame, replacing, keep)
+    try:
+        plan, chunked = _plan_chunked(
+            session, gm, graph_inputs, cost, profile, frame, replacing, keep
+        )
+    except PlanInfeasible:
+        # the earlier graphs planned what they keep without knowing of this one: they keep
+        # nothing from now on, where they can be planned again, and it is planned beside
+        # none of their copies
+        if replacing is not None or not session.make_lean_beside(frame):
+            raise
+        plan, chunked = _plan_chunked(
+            session, gm, graph_inputs, cost, profile, frame, replacing, keep
+        )
     module = gm
     if plan.split and chunked is not None:
         module, weights = chunked.module, chunked.weights(plan.cost, example_inputs)
@@ -252,6 +267,11 @@ def _plan(
     shared = share_resident(session, cost, example_inputs, profile, frame)
     room = session.working_room(frame)
     in_ram = session.in_ram_for_good(index)
+    # one of several modules' instances of its frame, or planned again lean: it keeps
+    # nothing for good
+    lean = settings.plan is None and (
+        session.repeated_frame(frame) or (replacing is not None and replacing.lean)
+    )
 
     def plan_with(graph: CostGraph, held: Mapping[str, int], lean: bool = False) -> GraphPlan:
         saved = _saved_decisions(session, graph, profile)
@@ -275,11 +295,11 @@ def _plan(
         little as it can (reading every weight from disk as it runs) and a plan with the
         room held."""
         try:
-            plan = plan_with(graph, held)
+            plan = plan_with(graph, held, lean=lean)
             if leaves_room(plan):
                 return plan
             plans = []
-            if settings.plan is None:
+            if settings.plan is None and not lean:
                 with contextlib.suppress(PlanInfeasible):
                     plans = [p for p in [plan_with(graph, held, lean=True)] if leaves_room(p)]
             try:

@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -79,7 +80,7 @@ class CompiledGraph:
     # when it was
     chunks: ChunkedInputs | None = None
     # held around each call: the graphs of one session share devices, pools and budgets
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     # with ``verify``: the captured graph, until the first call has been checked against it
     reference: torch.fx.GraphModule | None = None
     # the Dynamo frame the graph was captured from (``None`` outside Dynamo): the graphs of
@@ -97,6 +98,11 @@ class CompiledGraph:
     # the index of a later graph whose plan put on disk (and released) weights this
     # graph's plan keeps in RAM: it is planned again before its next call (``Session.enter``)
     stale: int | None = None
+    # its plan keeps nothing for good (``Session.make_lean``): its frame's graphs run for
+    # several modules (``instances.py``), or a later graph needed the room its copies held
+    lean: bool = False
+    # planned again, lean, before its next call (its copies were dropped meanwhile)
+    lean_pending: bool = False
 
     def __post_init__(self) -> None:
         self.direct = direct_segment(self.module)
@@ -224,10 +230,13 @@ class Session:
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     disk: DiskTier | None = None
     resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
-    # (hash of the graph's code, hash of its costs) -> the graph compiled from it
-    by_source: dict[tuple[str, str], CompiledGraph] = dataclasses.field(default_factory=dict)
-    # one call of one of the session's graphs at a time
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # (hash of the graph's code, hash of its costs, ids of its weights) -> the graph
+    # compiled from it
+    by_source: dict[tuple[str, str, tuple[int, ...]], CompiledGraph] = dataclasses.field(
+        default_factory=dict
+    )
+    # one call of one of the session's graphs at a time, or one plan made at call time
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
 
     # the graph whose resident copies are held now
     current: CompiledGraph | None = None
@@ -235,6 +244,17 @@ class Session:
     saved: SavedPlan | None = None
     # the weights (whole, by fqn) the plans read from disk whose RAM is released
     on_disk: frozenset[str] = frozenset()
+    # Dynamo frame -> the weights of each instance of its graphs (``instances.py``), by
+    # their tensors' weak references, in the order calls first passed them
+    _instances: dict[int | None, list[list[weakref.ref[torch.Tensor]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    # (Dynamo frame, instance) -> the frame the graphs of that instance are of
+    _instance_frames: dict[tuple[int | None, int], int] = dataclasses.field(default_factory=dict)
+    # the frame of each instance but the first -> its Dynamo frame
+    _dynamo_frames: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    # the name of each weight the plans name -> the tensor it names (``weight_name``)
+    _names: dict[str, weakref.ref[torch.Tensor]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, settings: Settings) -> Session:
@@ -257,6 +277,97 @@ class Session:
             self.saved = load_plan(self.settings.plan)
         return self.saved
 
+    def weight_name(self, fqn: str, tensor: torch.Tensor) -> str:
+        """The name the plans give ``tensor``, a weight its graph calls ``fqn``: ``fqn``, or
+        where the session's plans already give that name to another tensor, ``fqn@1``,
+        ``fqn@2``, ... A graph names its weights from its own frame's module, so two
+        frames' weights, or two modules' weights in one frame's graph (``instances.py``),
+        may have one name; the disk tier and the resident copies know a weight by its
+        name, so each must have its own."""
+        number = 0
+        while True:
+            name = fqn if number == 0 else f"{fqn}@{number}"
+            ref = self._names.get(name)
+            if ref is None or ref() is None:
+                self._names[name] = weakref.ref(tensor)
+                return name
+            if ref() is tensor:
+                return name
+            number += 1
+
+    def instance_of(self, frame: int | None, weights: Sequence[torch.Tensor]) -> int:
+        """Which instance of the graphs of Dynamo frame ``frame`` runs with ``weights``
+        (see :mod:`.instances`): the same number for every graph of the frame, 0 for the
+        first weights any of them was given."""
+        known = self._instances.setdefault(frame, [])
+        for number, refs in enumerate(known):
+            if len(refs) == len(weights) and all(
+                r() is w for r, w in zip(refs, weights, strict=True)
+            ):
+                return number
+        known.append([weakref.ref(w) for w in weights])
+        if len(known) == 2:
+            self.now_repeated(frame)
+        return len(known) - 1
+
+    def repeated_frame(self, frame: int | None) -> bool:
+        """Whether the graphs of ``frame`` are those of one of several instances: they run
+        for one of several modules, one after another in each call, so none of them keeps
+        weights for good where they run (``pipeline._plan``)."""
+        dynamo = self._dynamo_frames.get(frame, frame) if frame is not None else None
+        return len(self._instances.get(dynamo, ())) > 1
+
+    def now_repeated(self, frame: int | None) -> None:
+        """The graphs of Dynamo frame ``frame`` now run for a second module: those planned
+        for the first, which may keep weights for good as graphs run once per call would,
+        are made lean (:meth:`make_lean`)."""
+        self.make_lean(
+            [g for g in self.graphs if g.frame == frame],
+            "its frame's graphs run for several modules",
+        )
+
+    def make_lean_beside(self, frame: int | None) -> bool:
+        """A new graph of ``frame`` does not fit beside what the graphs of other frames keep:
+        those that can be planned again are made lean (:meth:`make_lean`), so that it is
+        planned beside none of their copies. Whether any was."""
+        return self.make_lean(
+            [g for g in self.beside(frame) if not g.lean], "a later graph needed the room"
+        )
+
+    def make_lean(self, graphs: Sequence[CompiledGraph], why: str) -> bool:
+        """``graphs`` keep nothing for good from now on: those that can be planned again (not
+        a saved plan's) are, before they next run, keeping nothing (:meth:`enter`), and the
+        resident copies they keep are dropped now, so that a new graph is planned beside
+        none of them; until then, the weights they keep in RAM are held beside the budget.
+        Whether any was."""
+        lean = [g for g in graphs if g.replan is not None]
+        for g in lean:
+            g.lean = g.lean_pending = True
+        dropped = frozenset().union(*(resident_set(g.plan) for g in lean))
+        kept = frozenset().union(*(resident_set(g.plan) for g in self.graphs if not g.lean))
+        evicted = self.resident.evict(lambda fqn, d: (fqn, d) not in dropped or (fqn, d) in kept)
+        if lean:
+            log.info(
+                "graphs %s are planned again before their next call, keeping nothing for "
+                "good, as %s (%d resident copies dropped)",
+                ", ".join(str(g.plan.graph_index) for g in lean),
+                why,
+                len(evicted),
+            )
+        return bool(lean)
+
+    def instance_frame(self, frame: int | None, instance: int) -> int | None:
+        """The frame the graphs of ``instance`` of Dynamo frame ``frame`` are of: ``frame``
+        itself for the first instance, else a number of its own (negative, as Dynamo's are
+        not), so that each instance keeps its resident copies beside the others'."""
+        if instance == 0:
+            return frame
+        key = (frame, instance)
+        if key not in self._instance_frames:
+            self._instance_frames[key] = -1 - len(self._instance_frames)
+            self._dynamo_frames[self._instance_frames[key]] = frame
+        return self._instance_frames[key]
+
     def kept_beside(self, frame: int | None) -> frozenset[tuple[str, str]]:
         """(fqn, device) of the resident copies held whatever graph of ``frame`` runs: those
         of the graphs of other frames. Graph breaks are frames of their own and run one
@@ -264,7 +375,9 @@ class Session:
         other guards or shapes, the size ranges of a dynamic graph) are alternatives, one
         of them runs per call: when one runs, the copies only the others keep are dropped
         (:meth:`enter`), and each is planned as if they were not there."""
-        return frozenset().union(*(resident_set(g.plan) for g in self.beside(frame)))
+        return frozenset().union(
+            *(resident_set(g.plan) for g in self.beside(frame) if not g.lean_pending)
+        )
 
     def beside(self, frame: int | None) -> list[CompiledGraph]:
         """The graphs whose resident copies a graph of ``frame`` runs beside: those of other
@@ -283,7 +396,7 @@ class Session:
         switching between them drops and reads again nothing. A graph still alone in its
         frame at its second call is never planned again, except where it is stale: a later
         graph's plan released weights its plan keeps in RAM (:meth:`released`)."""
-        if graph.stale is not None:
+        if graph.stale is not None or graph.lean_pending:
             self.plan_again(graph, args)
         if graph.replan is not None and graph.calls and len(self.alternatives(graph)) < 2:
             # alone in its frame after its first call: nothing to share copies with, and
@@ -385,30 +498,32 @@ class Session:
                 )
 
     def plan_again(self, graph: CompiledGraph, args: Sequence[Any]) -> None:
-        """Plan stale ``graph`` again with ``args`` (see :meth:`released`), now that the
-        weights another graph's plan released are on disk."""
+        """Plan ``graph`` again with ``args``: stale, now that the weights another graph's
+        plan released are on disk (see :meth:`released`), or now that its frame's graphs
+        run lean, keeping nothing for good (see :meth:`make_lean`)."""
         stale, graph.stale = graph.stale, None
+        graph.lean_pending = False
         index = graph.plan.graph_index
+        why = (
+            f"graph {stale}'s plan put on disk weights its plan kept in RAM"
+            if stale is not None
+            else "it keeps nothing for good from now on"
+        )
         if graph.replan is None:
             raise StalePlanError(
-                f"graph {index}'s plan keeps in RAM weights that graph {stale}'s plan put on "
-                "disk, and it can no longer be planned again; torch._dynamo.reset() and "
-                "compile the model again"
+                f"graph {index} must be planned again ({why}), and it can no longer be; "
+                "torch._dynamo.reset() and compile the model again"
             )
         started = time.perf_counter()
         try:
             graph.replan(graph, args, None)
         except PlanInfeasible as exc:
             raise PlanInfeasible(
-                f"graph {index} was planned again, as graph {stale}'s plan put on disk "
-                f"weights its plan kept in RAM, and it no longer fits: {exc}",
+                f"graph {index} was planned again, as {why}, and it no longer fits: {exc}",
                 exc.min_budgets,
             ) from None
         log.info(
-            "graph %d planned again, its weights on disk as graph %d's plan left them (%.1f s)",
-            index,
-            stale,
-            time.perf_counter() - started,
+            "graph %d planned again, as %s (%.1f s)", index, why, time.perf_counter() - started
         )
         _collect_compile_garbage(index)
 
@@ -456,6 +571,8 @@ class Session:
             held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
         in_ram: dict[str, int] = {}
         for g in self.graphs:
+            if g.lean_pending:  # it keeps nothing once planned again, before it next runs
+                continue
             for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True):
                 if p.fqn not in exclude and self._holds_in_ram(g, p, r):
                     in_ram[p.fqn] = max(in_ram.get(p.fqn, 0), p.nbytes)
@@ -482,7 +599,9 @@ class Session:
         for g in self.beside(frame):
             for device in g.plan.devices:
                 name = device.name
-                need = max(0, g.plan.predicted_peak(name) - g.plan.kept_bytes(name))
+                # one planned again lean keeps nothing: it reads what it kept as it runs
+                kept = 0 if g.lean_pending else g.plan.kept_bytes(name)
+                need = max(0, g.plan.predicted_peak(name) - kept)
                 room[name] = max(room.get(name, 0), need)
         return room
 

@@ -467,11 +467,12 @@ def plan_graph(
     this graph's. With ``keep``, the plan found then keeps exactly those resident copies
     (each parameter of ``keep`` resident where the plan uses it, every other one
     streamed), its decisions otherwise the same, where that fits the budgets
-    (:func:`_keeping`). With ``lean``, it keeps as little as it can: every parameter not
-    named in ``in_ram`` is read from disk, and none is kept where it runs, where that
-    fits: the graphs of other frames need the room (``pipeline._plan``).
+    (:func:`_keeping`). With ``lean``, it keeps as little as it can: where the host's
+    memory is budgeted, every parameter not named in ``in_ram`` is read from disk, and
+    none is kept where it runs, where that fits: the graphs of other frames need the room
+    (``pipeline._plan``).
     """
-    if lean:  # every weight it may move read from disk, as it runs
+    if lean and "cpu" in settings.budgets:  # every weight it may move read from disk
         on_disk = on_disk | {p.fqn for p in cost.params if not _named(p.fqn, in_ram)}
     devices, host_compute = planned_devices(profile, settings, already_resident)
     planner = native_planner()

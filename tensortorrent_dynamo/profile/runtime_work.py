@@ -34,6 +34,7 @@ from ..run import ops
 from ..run.record import Recorder
 from ..run.residents import DiskTier
 from ..run.runtime import Runtime
+from ..weights.released import release
 from .schema import Figure, RuntimeFigures
 
 RUNTIME_TURNS = 3
@@ -122,6 +123,7 @@ class RuntimeProbe:
         holder = torch.nn.Module()
         holder.submod_0 = _identity_segment(runtime.recorder)
         streamed = torch.empty(0)
+        release(streamed, location)  # the tensor whose bytes the reads stand for
         residents = [(f"probe.resident{i}", torch.randn(64)) for i in range(RESIDENTS)]
         for name, param in residents:  # held from the first call on, as a plan's are
             runtime.resident.put(name, param, "cpu", param)

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import CopyTimeout
 from ..io.locations import TensorLocation
-from ..weights.released import check_unwritten, released_location
+from ..weights.released import check_released, released_location
 from .copies import CopyEngine, CudaEngine, HostEngine
 from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle
 from .record import Recorder
@@ -120,9 +120,10 @@ class Runtime(torch.nn.Module):
         """The copy of ``param`` kept on ``device``; a parameter whose weights were released
         to disk is read from there first. On the host, a live parameter is itself."""
         source = param.detach()
-        if self._disk_location(key) is not None and released_location(param) is not None:
+        location = self._disk_location(key)
+        if location is not None and released_location(param) is not None:
             assert self.disk is not None
-            check_unwritten(param)
+            check_released(param, location)
             start = self.recorder.now()
             source = self.disk.read_now(key)
             self.recorder.add("disk->cpu", "read", f"resident {key}", start)
@@ -172,7 +173,7 @@ class Runtime(torch.nn.Module):
             host = param.detach()
             return engine.prefetch(lambda: host, host, what)
         assert self.disk is not None
-        check_unwritten(param)
+        check_released(param, location)
         disk = self.disk
         start = self.recorder.now()
         read = disk.read(key)

@@ -19,7 +19,7 @@ the budgets, where it would otherwise fail deep inside torch on a tensor with no
 A write to the tensor copies the pages it touches into RAM and never reaches the file, so
 the compiled graphs, which read the file, would run on the old bytes: a tensor written in
 place since it was released (its version counter moved: ``load_state_dict``, an in-place
-op) is refused by :func:`check_unwritten` before the runtime reads it. A write through
+op) is refused by :func:`check_released` before the runtime reads it. A write through
 ``.data`` moves no version counter and goes unseen. Where the file cannot be mapped (no
 ``mmap``, a damaged file), the storage is empty.
 """
@@ -67,13 +67,20 @@ def released_location(tensor: torch.Tensor) -> TensorLocation | None:
     return None if record is None else record.location
 
 
-def check_unwritten(tensor: torch.Tensor) -> None:
-    """Raise :class:`OffloadError` when the released ``tensor`` (or the weight a row chunk
-    is of) was written in place since its bytes were stored: the file still holds the old
-    ones, which the compiled graphs would read."""
+def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
+    """Raise :class:`OffloadError` unless ``tensor`` is the released tensor whose bytes are at
+    ``location``, where a plan reads its weight from, unwritten since: a tensor holding
+    bytes of its own, or released elsewhere, is not the weight the plan was made for (its
+    graph must have been called with another module's weights), and one written in place
+    since its bytes were stored (or the weight a row chunk is of) has new bytes the file
+    does not hold."""
     record = _record(tensor)
-    if record is None:
-        return
+    if record is None or record.location != location:
+        raise OffloadError(
+            f"{location.key}: the compiled graph was given a tensor other than the one its plan "
+            f"reads from {location.path}, so it would run on another weight's bytes; please "
+            "report this as a bug, with the model"
+        )
     whole = record.whole() if record.whole is not None else None
     if tensor._version == record.version and (
         whole is None or whole._version == record.whole_version

@@ -39,7 +39,14 @@ def _graph(frame: int | None, residency: dict[str, Residency], index: int = 0) -
     """A compiled graph as the session sees it: its frame, its plan's residencies, its
     calls so far and its hook to plan it again."""
     return types.SimpleNamespace(
-        frame=frame, plan=_plan(residency, index), calls=0, replan=None, stale=None, chunks=None
+        frame=frame,
+        plan=_plan(residency, index),
+        calls=0,
+        replan=None,
+        stale=None,
+        lean=False,
+        lean_pending=False,
+        chunks=None,
     )
 
 
@@ -167,7 +174,7 @@ def test_a_stale_graph_is_planned_again_before_it_runs() -> None:
     assert asked == [(graph, ("x",), None)] and graph.stale is None
     # one that can no longer be planned again is a clear error, not an empty tensor
     graph.replan, graph.stale, session.current = None, 3, None
-    with pytest.raises(StalePlanError, match="graph 0's plan keeps in RAM weights that graph 3"):
+    with pytest.raises(StalePlanError, match=r"graph 0 must be planned again \(graph 3's plan"):
         session.enter(graph, ("x",))
 
 
@@ -219,3 +226,51 @@ def test_an_alternative_called_less_is_planned_again_once_keeping_the_copies_of_
     session.enter(prefill, ())
     assert len(asked) == 1
     assert session.leader(prefill) is None, "it keeps the copies of the one called most"
+
+
+def test_a_name_two_tensors_have_is_given_apart() -> None:
+    """Graphs name weights from their own frame's module: the session names each tensor
+    apart, the same tensor always alike."""
+    session = Session.of(parse_options())
+    first, second, third = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+    assert session.weight_name("dense.weight", first) == "dense.weight"
+    assert session.weight_name("dense.weight", second) == "dense.weight@1"
+    assert session.weight_name("dense.weight", first) == "dense.weight"
+    assert session.weight_name("dense.weight", third) == "dense.weight@2"
+    assert session.weight_name("other.weight", second) == "other.weight"
+    del first
+    # a name whose tensor is gone is free again
+    assert session.weight_name("dense.weight", torch.ones(2)) == "dense.weight"
+
+
+def test_each_modules_weights_are_an_instance_of_the_frame_with_a_frame_of_its_own() -> None:
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    layers = [[torch.zeros(2), torch.zeros(2)] for _ in range(3)]
+    assert session.instance_of(7, layers[0]) == 0
+    assert not session.repeated_frame(7)
+    first = _graph(7, {"a": ON_ACCELERATOR}, index=0)
+    first.replan = lambda g, args, keep: asked.append((g, args, keep))
+    other_frame = _graph(3, {"b": ON_ACCELERATOR}, index=1)
+    session.graphs.extend([first, other_frame])
+    params = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    for fqn, param in params.items():
+        session.resident.put(fqn, param, "virtual:0", param.clone())
+    asked: list[Any] = []
+
+    # a second module's weights: the first's graphs keep nothing once planned again, and
+    # their copies go now, so that the second is planned beside none of them
+    assert session.instance_of(7, layers[1]) == 1
+    assert session.instance_of(7, layers[0]) == 0  # the same weights, the same instance
+    assert session.instance_of(7, layers[2]) == 2
+    assert first.lean_pending and first.lean and not other_frame.lean
+    assert [fqn for fqn, _ in session.resident.copies()] == ["b"]
+    assert session.kept_beside(None) == {("b", "virtual:0")}
+
+    frames = [session.instance_frame(7, k) for k in range(3)]
+    assert frames[0] == 7 and len(set(frames)) == 3 and all(f < 0 for f in frames[1:])
+    assert session.instance_frame(7, 1) == frames[1]
+    assert all(session.repeated_frame(f) for f in frames)
+    assert not session.repeated_frame(3) and not session.repeated_frame(None)
+
+    session.enter(first, ("x",))
+    assert asked == [(first, ("x",), None)] and not first.lean_pending and first.lean

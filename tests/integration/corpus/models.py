@@ -1186,6 +1186,10 @@ BUDGETS = ("none", "third")
 # run: a decoder LM, an encoder-decoder, an MMDiT and a UNet
 BFLOAT16_MODELS = ("llama", "t5", "flux", "unet2d_condition")
 
+# run asking for every layer's hidden states and attention maps too (``output_attentions``
+# makes each layer break the graph: every layer calls one frame's graphs with its weights)
+EVERY_OUTPUT_MODELS = ("llama", "t5", "bert")
+
 # generate(): the families it runs on (decoder-only, then encoder-decoder: the encoder
 # runs once outside forward, each step's forward is the decoder's), and its known failures
 # (name, cache implementation, budget) -> reason

@@ -27,7 +27,7 @@ from .harness import (
     options,
     peak,
 )
-from .models import BFLOAT16_MODELS, BUDGETS, BY_NAME, ENTRIES, Entry
+from .models import BFLOAT16_MODELS, BUDGETS, BY_NAME, ENTRIES, EVERY_OUTPUT_MODELS, Entry
 
 
 @pytest.mark.parametrize(("entry", "budget"), entry_cases(ENTRIES, BUDGETS))
@@ -110,6 +110,38 @@ def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Pa
             assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
     streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
     assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    entry_cases([BY_NAME[name] for name in EVERY_OUTPUT_MODELS], ("third", "disk"), False),
+)
+def test_entry_returning_every_layers_outputs_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """Asked for every layer's hidden states and attention maps, the model breaks the graph
+    in each layer, and every layer calls the same graphs with its own weights: each layer's
+    weights are planned apart (named ``...@1``, ``...@2``), streamed at a third of the
+    parameters' bytes (to the virtual device, or from disk under a host budget). Two calls
+    match eager, within the budget."""
+    model = entry.build()
+    every = {"output_attentions": True, "output_hidden_states": True}
+    calls = [{**entry.inputs(i), **every} for i in range(2)]
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    names = [p.fqn for g in compiled.graphs for p in g.plan.cost.params]
+    assert any("@" in name for name in names), "no graph was called with another layer's weights"
+    if budget == "disk":
+        limit = opts["budgets"]["cpu"]
+        peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in compiled.graphs}
+        assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
+    else:
+        assert 0 < peak(compiled) <= budget_bytes(budget, model)
 
 
 @pytest.mark.inductor

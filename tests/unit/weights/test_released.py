@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tensortorrent_dynamo.errors import CheckpointError
+from tensortorrent_dynamo.errors import CheckpointError, OffloadError
 from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.weights import released
@@ -206,3 +206,21 @@ def test_the_registry_does_not_keep_a_tensor_alive(tmp_path: Path) -> None:
     del model, tensor
     gc.collect()
     assert len(released._released) == before
+
+
+def test_a_disk_read_is_only_for_the_tensor_released_there(tmp_path: Path) -> None:
+    """A plan reads a weight from where its tensor was released: given a tensor holding
+    its own bytes, or one released elsewhere, the read is refused, not made for it."""
+    tensors = {"a": torch.ones(8), "b": torch.zeros(8)}
+    written = write_safetensors(
+        tmp_path / "t.safetensors", {k: t.clone() for k, t in tensors.items()}
+    )
+    for key, tensor in tensors.items():
+        release(tensor, written[key])
+    released.check_released(tensors["a"], written["a"])
+    for other in (tensors["b"], torch.ones(8)):
+        with pytest.raises(OffloadError, match="a tensor other than the one its plan reads"):
+            released.check_released(other, written["a"])
+    tensors["a"].add_(1)
+    with pytest.raises(OffloadError, match="written in place"):
+        released.check_released(tensors["a"], written["a"])

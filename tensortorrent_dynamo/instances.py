@@ -1,0 +1,93 @@
+"""One graph, the weights of many modules: each module's weights are a graph of their own.
+
+Dynamo compiles a module's frame once for all the modules of its class, their parameters
+passed in as inputs. So where a model's repeated layer breaks the graph (its code asks
+for something Dynamo cannot trace: ``output_attentions``, a print, a data-dependent
+branch), every layer calls the same graphs with its own weights. A plan is made for the
+weights it was planned with: which stay resident on a device, which are read from disk
+and from where, how much of each budget they hold. Run with another layer's weights, it
+would keep a second set of copies over the budget, or read the first layer's weights
+from disk in place of the ones passed.
+
+So each set of weights a graph is called with is an *instance* of it (:class:`Instances`),
+planned the first time a call passes it, with those weights, as a graph of its own: its
+frame is its own (``Session.instance_frame``), so it is planned beside what the other
+instances keep. Its weights are named apart, as every weight of a session whose name
+another tensor has (``Session.weight_name``: ``mlp.up_proj.weight@2``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .functional import GraphInputs
+
+log = logging.getLogger(__name__)
+
+
+def instance_inputs(
+    inputs: GraphInputs, args: Sequence[Any] | None, name: Callable[[str, Any], str]
+) -> GraphInputs:
+    """What ``inputs`` describe, with the values of ``args`` (a call's arguments, its
+    weights among them; where ``None``, the traced values ``inputs`` hold), each weight
+    named ``name(fqn, tensor)``."""
+    values = inputs.values if args is None else tuple(args)
+    return dataclasses.replace(
+        inputs, values=values, params={i: name(fqn, values[i]) for i, fqn in inputs.params.items()}
+    )
+
+
+class Instances:
+    """A graph's instances: each call runs the one planned for the weights it passes,
+    planned (by ``build``, given those weights' positions' tensors and the call's arguments)
+    the first time a call passes them. The weights the graph was traced with are planned at
+    once (``build`` is given no arguments)."""
+
+    def __init__(
+        self,
+        positions: Sequence[int],
+        values: Sequence[Any],
+        build: Callable[[tuple[Any, ...], Sequence[Any] | None], Callable[..., Any]],
+    ) -> None:
+        self._params: Callable[[Sequence[Any]], tuple[Any, ...]] = (
+            operator.itemgetter(*positions)
+            if len(positions) > 1
+            else (lambda args: tuple(args[i] for i in positions))
+        )
+        self.build = build
+        self.first_params = self._params(values)
+        self.first = build(self.first_params, None)
+        # ids of the weights -> (weak references to them, the graph planned for them)
+        self._others: dict[tuple[int, ...], tuple[list[weakref.ref[Any]], Any]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        params = self._params(args)
+        if all(map(operator.is_, params, self.first_params)):
+            return self.first(*args)
+        return self._other(params, args)(*args)
+
+    def _find(self, params: tuple[Any, ...]) -> Any:
+        found = self._others.get(tuple(map(id, params)))
+        if found is None:
+            return None
+        refs, graph = found
+        return graph if all(r() is p for r, p in zip(refs, params, strict=True)) else None
+
+    def _other(self, params: tuple[Any, ...], args: Sequence[Any]) -> Any:
+        graph = self._find(params)
+        if graph is not None:
+            return graph
+        with self._lock:
+            graph = self._find(params)
+            if graph is None:
+                graph = self.build(params, args)
+                refs = [weakref.ref(p) for p in params]
+                self._others[tuple(map(id, params))] = (refs, graph)
+            return graph
