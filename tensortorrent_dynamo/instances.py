@@ -12,14 +12,15 @@ from disk in place of the ones passed.
 So each set of weights a graph is called with is an *instance* of it (:class:`Instances`),
 planned the first time a call passes it, with those weights, as a graph of its own: its
 frame is its own (``Session.instance_frame``), so it is planned beside what the other
-instances keep. Its weights are named apart, as every weight of a session whose name
-another tensor has (``Session.weight_name``: ``mlp.up_proj.weight@2``).
+instances keep, as the graphs of a graph break are (where it does not fit beside them,
+they are planned again keeping nothing: ``Session.make_lean_beside``). Its weights are
+named apart, as every weight of a session whose name another tensor has
+(``Session.weight_name``: ``mlp.up_proj.weight@2``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
 import threading
 import weakref
@@ -27,8 +28,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .functional import GraphInputs
-
-log = logging.getLogger(__name__)
 
 
 def instance_inputs(

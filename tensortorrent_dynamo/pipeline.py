@@ -267,11 +267,8 @@ def _plan(
     shared = share_resident(session, cost, example_inputs, profile, frame)
     room = session.working_room(frame)
     in_ram = session.in_ram_for_good(index)
-    # one of several modules' instances of its frame, or planned again lean: it keeps
-    # nothing for good
-    lean = settings.plan is None and (
-        session.repeated_frame(frame) or (replacing is not None and replacing.lean)
-    )
+    # planned again lean (``Session.make_lean``): it keeps nothing for good
+    lean = settings.plan is None and replacing is not None and replacing.lean
 
     def plan_with(graph: CostGraph, held: Mapping[str, int], lean: bool = False) -> GraphPlan:
         saved = _saved_decisions(session, graph, profile)

@@ -98,8 +98,8 @@ class CompiledGraph:
     # the index of a later graph whose plan put on disk (and released) weights this
     # graph's plan keeps in RAM: it is planned again before its next call (``Session.enter``)
     stale: int | None = None
-    # its plan keeps nothing for good (``Session.make_lean``): its frame's graphs run for
-    # several modules (``instances.py``), or a later graph needed the room its copies held
+    # its plan keeps nothing for good (``Session.make_lean``): a later graph needed the
+    # room its copies held
     lean: bool = False
     # planned again, lean, before its next call (its copies were dropped meanwhile)
     lean_pending: bool = False
@@ -251,8 +251,6 @@ class Session:
     )
     # (Dynamo frame, instance) -> the frame the graphs of that instance are of
     _instance_frames: dict[tuple[int | None, int], int] = dataclasses.field(default_factory=dict)
-    # the frame of each instance but the first -> its Dynamo frame
-    _dynamo_frames: dict[int, int | None] = dataclasses.field(default_factory=dict)
     # the name of each weight the plans name -> the tensor it names (``weight_name``)
     _names: dict[str, weakref.ref[torch.Tensor]] = dataclasses.field(default_factory=dict)
 
@@ -306,25 +304,7 @@ class Session:
             ):
                 return number
         known.append([weakref.ref(w) for w in weights])
-        if len(known) == 2:
-            self.now_repeated(frame)
         return len(known) - 1
-
-    def repeated_frame(self, frame: int | None) -> bool:
-        """Whether the graphs of ``frame`` are those of one of several instances: they run
-        for one of several modules, one after another in each call, so none of them keeps
-        weights for good where they run (``pipeline._plan``)."""
-        dynamo = self._dynamo_frames.get(frame, frame) if frame is not None else None
-        return len(self._instances.get(dynamo, ())) > 1
-
-    def now_repeated(self, frame: int | None) -> None:
-        """The graphs of Dynamo frame ``frame`` now run for a second module: those planned
-        for the first, which may keep weights for good as graphs run once per call would,
-        are made lean (:meth:`make_lean`)."""
-        self.make_lean(
-            [g for g in self.graphs if g.frame == frame],
-            "its frame's graphs run for several modules",
-        )
 
     def make_lean_beside(self, frame: int | None) -> bool:
         """A new graph of ``frame`` does not fit beside what the graphs of other frames keep:
@@ -365,7 +345,6 @@ class Session:
         key = (frame, instance)
         if key not in self._instance_frames:
             self._instance_frames[key] = -1 - len(self._instance_frames)
-            self._dynamo_frames[self._instance_frames[key]] = frame
         return self._instance_frames[key]
 
     def kept_beside(self, frame: int | None) -> frozenset[tuple[str, str]]:

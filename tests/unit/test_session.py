@@ -246,31 +246,34 @@ def test_a_name_two_tensors_have_is_given_apart() -> None:
 def test_each_modules_weights_are_an_instance_of_the_frame_with_a_frame_of_its_own() -> None:
     session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
     layers = [[torch.zeros(2), torch.zeros(2)] for _ in range(3)]
-    assert session.instance_of(7, layers[0]) == 0
-    assert not session.repeated_frame(7)
-    first = _graph(7, {"a": ON_ACCELERATOR}, index=0)
-    first.replan = lambda g, args, keep: asked.append((g, args, keep))
-    other_frame = _graph(3, {"b": ON_ACCELERATOR}, index=1)
-    session.graphs.extend([first, other_frame])
-    params = {"a": torch.zeros(4), "b": torch.zeros(4)}
-    for fqn, param in params.items():
-        session.resident.put(fqn, param, "virtual:0", param.clone())
-    asked: list[Any] = []
-
-    # a second module's weights: the first's graphs keep nothing once planned again, and
-    # their copies go now, so that the second is planned beside none of them
-    assert session.instance_of(7, layers[1]) == 1
-    assert session.instance_of(7, layers[0]) == 0  # the same weights, the same instance
-    assert session.instance_of(7, layers[2]) == 2
-    assert first.lean_pending and first.lean and not other_frame.lean
-    assert [fqn for fqn, _ in session.resident.copies()] == ["b"]
-    assert session.kept_beside(None) == {("b", "virtual:0")}
-
+    assert [session.instance_of(7, layer) for layer in layers] == [0, 1, 2]
+    assert session.instance_of(7, layers[1]) == 1  # the same weights, the same instance
+    assert session.instance_of(8, layers[1]) == 0  # another frame counts its own
     frames = [session.instance_frame(7, k) for k in range(3)]
     assert frames[0] == 7 and len(set(frames)) == 3 and all(f < 0 for f in frames[1:])
     assert session.instance_frame(7, 1) == frames[1]
-    assert all(session.repeated_frame(f) for f in frames)
-    assert not session.repeated_frame(3) and not session.repeated_frame(None)
+    assert session.instance_frame(8, 1) not in frames
+
+
+def test_graphs_made_lean_drop_their_copies_now_and_are_planned_again_before_they_run() -> None:
+    """A graph that does not fit beside the copies of the graphs of other frames makes them
+    lean: their copies go at once, they no longer count as kept, and each is planned again
+    before its next call."""
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    asked: list[Any] = []
+    first = _graph(1, {"a": ON_ACCELERATOR}, index=0)
+    first.replan = lambda g, args, keep: asked.append((g, args, keep))
+    final = _graph(2, {"b": ON_ACCELERATOR}, index=1)  # can no longer be planned again
+    session.graphs.extend([first, final])
+    params = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    for fqn, param in params.items():
+        session.resident.put(fqn, param, "virtual:0", param.clone())
+
+    assert session.make_lean_beside(3)
+    assert first.lean and first.lean_pending and not final.lean
+    assert [fqn for fqn, _ in session.resident.copies()] == ["b"]
+    assert session.kept_beside(3) == {("b", "virtual:0")}
+    assert not session.make_lean_beside(3)  # none left that can be
 
     session.enter(first, ("x",))
-    assert asked == [(first, ("x",), None)] and not first.lean_pending and first.lean
+    assert asked == [(first, ("x",), None)] and first.lean and not first.lean_pending

@@ -91,6 +91,23 @@ def _bfloat16(kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _streamed_calls_match_eager(
+    model: torch.nn.Module, calls: list[dict[str, Any]], budget: str, tmp_path: Path
+) -> tuple[tt.CompiledModule, dict[str, Any]]:
+    """``model`` compiled at ``budget`` (``"third"``: to the virtual device; ``"disk"``: a
+    third in RAM, the rest on disk); each call matches eager's, the first under
+    ``torch.no_grad()``, the second under ``torch.inference_mode()``. Returns the compiled
+    model and its options."""
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    return compiled, opts
+
+
 @pytest.mark.parametrize(
     ("entry", "budget"),
     entry_cases([BY_NAME[name] for name in BFLOAT16_MODELS], ("third", "disk"), False),
@@ -101,13 +118,7 @@ def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Pa
     in bfloat16, within bfloat16's tolerance."""
     model = entry.build().to(torch.bfloat16)
     calls = [_bfloat16(entry.inputs(0)), _bfloat16(entry.inputs(1))]
-    with torch.no_grad():
-        expected = [model(**kwargs) for kwargs in calls]
-    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
-    compiled = tt.compile(model, **opts)
-    for i, kwargs in enumerate(calls):
-        with INFERENCE_CONTEXTS[i]():
-            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    compiled, _ = _streamed_calls_match_eager(model, calls, budget, tmp_path)
     streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
     assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
 
@@ -127,13 +138,7 @@ def test_entry_returning_every_layers_outputs_matches_eager(
     model = entry.build()
     every = {"output_attentions": True, "output_hidden_states": True}
     calls = [{**entry.inputs(i), **every} for i in range(2)]
-    with torch.no_grad():
-        expected = [model(**kwargs) for kwargs in calls]
-    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
-    compiled = tt.compile(model, **opts)
-    for i, kwargs in enumerate(calls):
-        with INFERENCE_CONTEXTS[i]():
-            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    compiled, opts = _streamed_calls_match_eager(model, calls, budget, tmp_path)
     names = [p.fqn for g in compiled.graphs for p in g.plan.cost.params]
     assert any("@" in name for name in names), "no graph was called with another layer's weights"
     if budget == "disk":
