@@ -244,9 +244,9 @@ class Session:
     saved: SavedPlan | None = None
     # the weights (whole, by fqn) the plans read from disk whose RAM is released
     on_disk: frozenset[str] = frozenset()
-    # Dynamo frame -> the weights of each instance of its graphs (``instances.py``), by
-    # their tensors' weak references, in the order calls first passed them
-    _instances: dict[int | None, list[list[weakref.ref[torch.Tensor]]]] = dataclasses.field(
+    # Dynamo frame -> the weights of each instance of its graphs (``instances.py``), by id
+    # (with a weak reference to tell a reused id), in the order calls first passed them
+    _instances: dict[int | None, list[dict[int, weakref.ref[torch.Tensor]]]] = dataclasses.field(
         default_factory=dict
     )
     # (Dynamo frame, instance) -> the frame the graphs of that instance are of
@@ -295,15 +295,24 @@ class Session:
 
     def instance_of(self, frame: int | None, weights: Sequence[torch.Tensor]) -> int:
         """Which instance of the graphs of Dynamo frame ``frame`` runs with ``weights``
-        (see :mod:`.instances`): the same number for every graph of the frame, 0 for the
-        first weights any of them was given."""
+        (see :mod:`.instances`): 0 for the first weights any of them was given. Graphs of
+        one frame run for the same module where over half the weights of one are the
+        other's (a decode step reads fewer than the prompt's call: cross-attention's keys
+        and values come from its cache); two modules' weights share a few tensors at most
+        (a buffer they both hold)."""
+        if not weights:
+            return 0
         known = self._instances.setdefault(frame, [])
+        given = {id(w): w for w in weights}
+        best, most = 0, 0
         for number, refs in enumerate(known):
-            if len(refs) == len(weights) and all(
-                r() is w for r, w in zip(refs, weights, strict=True)
-            ):
-                return number
-        known.append([weakref.ref(w) for w in weights])
+            shared = sum(1 for i, w in given.items() if i in refs and refs[i]() is w)
+            if shared > most:
+                best, most = number, shared
+        if most and 2 * most > min(len(given), len(known[best])):
+            known[best].update({i: weakref.ref(w) for i, w in given.items()})
+            return best
+        known.append({i: weakref.ref(w) for i, w in given.items()})
         return len(known) - 1
 
     def make_lean_beside(self, frame: int | None) -> bool:

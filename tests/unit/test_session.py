@@ -249,6 +249,13 @@ def test_each_modules_weights_are_an_instance_of_the_frame_with_a_frame_of_its_o
     assert [session.instance_of(7, layer) for layer in layers] == [0, 1, 2]
     assert session.instance_of(7, layers[1]) == 1  # the same weights, the same instance
     assert session.instance_of(8, layers[1]) == 0  # another frame counts its own
+    # a graph of the frame that reads part of a module's weights (a decode step) runs for
+    # that module; one sharing a single tensor of three with it runs for another
+    assert session.instance_of(7, layers[2][:1]) == 2
+    shared = torch.zeros(2)
+    three = [[shared, torch.zeros(2), torch.zeros(2)] for _ in range(2)]
+    assert [session.instance_of(9, weights) for weights in three] == [0, 1]
+    assert session.instance_of(7, []) == 0
     frames = [session.instance_frame(7, k) for k in range(3)]
     assert frames[0] == 7 and len(set(frames)) == 3 and all(f < 0 for f in frames[1:])
     assert session.instance_frame(7, 1) == frames[1]
