@@ -487,8 +487,8 @@ class Session:
 
     def plan_again(self, graph: CompiledGraph, args: Sequence[Any]) -> None:
         """Plan ``graph`` again with ``args``: stale, now that the weights another graph's
-        plan released are on disk (see :meth:`released`), or now that its frame's graphs
-        run lean, keeping nothing for good (see :meth:`make_lean`)."""
+        plan released are on disk (see :meth:`released`), or lean, keeping nothing for good
+        now that a later graph needed the room (see :meth:`make_lean`)."""
         stale, graph.stale = graph.stale, None
         graph.lean_pending = False
         index = graph.plan.graph_index
