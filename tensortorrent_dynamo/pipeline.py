@@ -148,8 +148,9 @@ def plan_and_compile(
 class Replanner:
     """What plans a graph again for ``CompiledGraph.replan``: its traced graph, planned with
     the arguments of the call that asks (not the tensors it was compiled with, which are
-    not kept: a KV cache the caller replaced would otherwise stay alive). :meth:`release`
-    lets the traced graph go, whoever still holds this."""
+    not kept: a KV cache the caller replaced would otherwise stay alive). The traced graph
+    is kept for as long as the graph lives, as Dynamo's callable (``instances.Instances``)
+    holds it anyway."""
 
     def __init__(
         self,
@@ -160,21 +161,16 @@ class Replanner:
         sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.session = session
-        self.gm: torch.fx.GraphModule | None = gm
+        self.gm = gm
         self.shape = dataclasses.replace(graph_inputs, values=())
         self.frame = frame
         self.sizes = sizes
 
     def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep | None) -> None:
-        if self.gm is None:
-            raise RuntimeError("this graph's traced graph was released: it cannot plan again")
         inputs = dataclasses.replace(self.shape, values=tuple(args))
         plan_and_compile(
             self.session, self.gm, inputs, self.frame, self.sizes, replacing=graph, keep=keep
         )
-
-    def release(self) -> None:
-        self.gm = None
 
 
 def _plan_chunked(
@@ -355,7 +351,7 @@ def _beside_other_graphs(
         listed = ", ".join(sorted(in_ram)[:3]) + (", ..." if len(in_ram) > 3 else "")
         kept = (
             f" It keeps {len(in_ram)} weights in RAM ({listed}): the model's earlier graphs "
-            "read them from there, and their plans can no longer change."
+            "read them from there, and their plans (saved ones) do not change."
         )
     if not short:
         return PlanInfeasible(f"{error}{kept}", error.min_budgets) if kept else error

@@ -55,9 +55,6 @@ class Replan(Protocol):
 
     def __call__(self, graph: CompiledGraph, args: Sequence[Any], keep: Keep | None) -> None: ...
 
-    def release(self) -> None:
-        """Let go of what planning again needs (the traced graph)."""
-
 
 @dataclasses.dataclass
 class CompiledGraph:
@@ -91,8 +88,11 @@ class CompiledGraph:
     enter: Callable[[CompiledGraph, Sequence[Any]], None] | None = None
     # plans the graph again (with a call's arguments) keeping another graph's resident
     # copies where they fit, and makes this graph that plan (``Session.enter``); ``None``
-    # once its frame has been planned again, or for a graph that cannot be
+    # for a graph that cannot be (a saved plan's)
     replan: Replan | None = None
+    # its frame was planned again to share the resident copies of the graph called most
+    # (``Session.follow``): that is done once
+    followed: bool = False
     # the module's one segment, when the schedule only calls it (see ``direct_segment``)
     direct: DirectCall | None = dataclasses.field(init=False, default=None)
     # the index of a later graph whose plan put on disk (and released) weights this
@@ -381,19 +381,15 @@ class Session:
         (:meth:`leader`: ``generate()``'s decode graph): the first time another of them
         runs after that one has been called more, it is planned again, once for the whole
         frame, keeping those copies where they fit (``plan.planner.Keep``), so that
-        switching between them drops and reads again nothing. A graph still alone in its
-        frame at its second call is never planned again, except where it is stale: a later
-        graph's plan released weights its plan keeps in RAM (:meth:`released`)."""
+        switching between them drops and reads again nothing. Any graph (but a saved
+        plan's) is also planned again where it is stale, a later graph's plan having
+        released weights its plan keeps in RAM (:meth:`released`), or lean, a later graph
+        having needed the room its copies held (:meth:`make_lean`)."""
         if graph.stale is not None or graph.lean_pending:
             self.plan_again(graph, args)
-        if graph.replan is not None and graph.calls and len(self.alternatives(graph)) < 2:
-            # alone in its frame after its first call: nothing to share copies with, and
-            # its hook holds the traced graph
-            graph.replan.release()
-            graph.replan = None
         if self.current is graph:
             return
-        leader = self.leader(graph) if graph.replan is not None else None
+        leader = self.leader(graph) if graph.replan is not None and not graph.followed else None
         if leader is not None:
             self.follow(graph, leader, args)
         self.current = graph
@@ -423,11 +419,7 @@ class Session:
         replan = graph.replan
         assert replan is not None
         for g in self.alternatives(graph):
-            if g.stale is not None:  # it must still be planned again itself
-                continue
-            if g.replan is not None and g.replan is not replan:
-                g.replan.release()
-            g.replan = None
+            g.followed = True
         started = time.perf_counter()
         try:
             keep = Keep(leader.plan.graph_index, resident_set(leader.plan), leader.plan.chunk_bytes)
@@ -439,8 +431,6 @@ class Session:
                 exc,
             )
             return
-        finally:
-            replan.release()
         log.info(
             "graph %d planned again, %s graph %d's resident copies (called most: %d calls "
             "to its %d) in %.1f s",
@@ -456,8 +446,8 @@ class Session:
         _collect_compile_garbage(graph.plan.graph_index)
 
     def in_ram_for_good(self, replacing: int | None = None) -> frozenset[str]:
-        """The weights (whole, by fqn) kept in RAM by the plans that cannot change any more
-        (their graphs can no longer be planned again), but the one of graph ``replacing``:
+        """The weights (whole, by fqn) kept in RAM by the plans that cannot change (a saved
+        plan's graphs, which are never planned again), but the one of graph ``replacing``:
         a new plan must leave them in RAM, as releasing one to disk would leave those
         graphs reading it through the page cache (its file mapped), unverified and unplanned,
         where their plans expect its bytes in RAM."""

@@ -102,7 +102,10 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
         make_on(getattr(parent, name), torch_device(device))
 
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    with graph.inserting_after(placeholders[-1] if placeholders else None):
+    # after the inputs; first of all in a graph of none (``inserting_after(None)`` would
+    # put it at the end, after its users)
+    start = graph.inserting_after(placeholders[-1]) if placeholders else graph.inserting_before()
+    with start:
         rt = graph.get_attr("tt_runtime")
 
     device_of: dict[torch.fx.Node, str] = {node: _home_device(node) for node in placeholders}

@@ -650,7 +650,7 @@ def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
                 )
         elif members[0].settings.plan is not None:
             sharing = [f"  each planned as the saved plan has it; {switching}"]
-        elif all(g.replan is None for g in members):
+        elif any(g.followed for g in members):
             sharing = [
                 "  each keeps a resident set of its own: planned again to keep those of the "
                 "graph called most, the others could not fit them or would cost more with "

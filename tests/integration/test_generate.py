@@ -139,7 +139,7 @@ def test_from_the_second_call_prefill_keeps_the_resident_copies_of_decode() -> N
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     prefill, decode = tt.tensortorrent_backend.graphs
     assert resident_set(prefill.plan) != resident_set(decode.plan), "each its own set at first"
-    assert prefill.plan.follows is None and prefill.replan is not None
+    assert prefill.plan.follows is None and not prefill.followed
     for call in range(2):
         session = next(iter(tt.tensortorrent_backend.sessions.values()))
         held = [copy for _, copy in session.resident.copies()]
@@ -149,7 +149,7 @@ def test_from_the_second_call_prefill_keeps_the_resident_copies_of_decode() -> N
         assert tt.tensortorrent_backend.graphs == [prefill, decode], "replaced, not added"
         assert prefill.plan.follows == decode.plan.graph_index
         assert resident_set(prefill.plan) == resident_set(decode.plan)
-        assert prefill.replan is None and decode.replan is None
+        assert prefill.followed and decode.followed
         if call == 1:  # the copies made for decode were kept through prefill
             now = [copy for _, copy in session.resident.copies()]
             assert now and all(any(c is h for h in held) for c in now)

@@ -1195,3 +1195,7 @@ EVERY_OUTPUT_MODELS = ("llama", "t5", "bert")
 # (name, cache implementation, budget) -> reason
 GENERATE_MODELS = ("llama", "qwen3", "phi", "gemma3", "granite", "deepseek_v3", "t5", "bart")
 GENERATE_XFAIL: dict[tuple[str, str, str], str] = {}
+
+# used several ways in one process (forward, with labels, generate(), every layer's
+# attention maps): a later graph must not be refused for the room an earlier one keeps
+SEVERAL_WAYS_MODELS = ("llama", "gpt2", "gemma3", "t5")

@@ -37,7 +37,7 @@ from .harness import (
     known_failure,
     options,
 )
-from .models import BUDGETS, BY_NAME, GENERATE_MODELS, GENERATE_XFAIL, VOCAB
+from .models import BUDGETS, BY_NAME, GENERATE_MODELS, GENERATE_XFAIL, SEVERAL_WAYS_MODELS, VOCAB
 
 CACHES = ("dynamic", "static")
 NEW_TOKENS = 10
@@ -182,3 +182,67 @@ def test_generate_streams_from_disk_within_a_host_budget(
     )
     peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
     assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
+
+
+def _several_ways(model: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of a model used as people use one in a session: forward twice, with
+    ``labels`` (a loss) twice, ``generate()``, forward again, then asking for every layer's
+    attention maps (which breaks the graph in each layer of some families)."""
+    ids = _prompts()[1]
+    forward: dict[str, Any] = {"input_ids": ids}
+    if model.config.is_encoder_decoder:
+        forward["decoder_input_ids"] = ids[:, :4]
+    return [
+        ("forward", forward),
+        ("forward", forward),
+        ("loss", {"input_ids": ids, "labels": ids}),
+        ("loss", {"input_ids": ids, "labels": ids}),
+        ("generate", {"input_ids": ids[:1, :5], **_generate_kwargs("dynamic")}),
+        ("forward", forward),
+        ("attentions", {**forward, "output_attentions": True}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "budget"),
+    [
+        pytest.param(name, budget, id=f"{name}-{budget}", marks=pytest.mark.corpus_full)
+        for name in SEVERAL_WAYS_MODELS
+        for budget in ("third", "disk")
+    ],
+)
+@pytest.mark.corpus
+def test_a_model_used_several_ways_in_one_process_matches_eager(
+    name: str, budget: str, tmp_path: Path
+) -> None:
+    """Each call (see :func:`_several_ways`) through ``model.forward`` compiled with a third
+    of the parameters' bytes (on the virtual device, or in RAM with the rest on disk)
+    matches eager, within the budget. The graphs the later calls add (a loss, decode
+    steps, a layer's graph break) are planned beside those of the earlier ones, which
+    had been called alone many times: they are planned again where the later graphs need
+    the room they keep (a forward then a loss on the disk tier was ``PlanInfeasible``)."""
+    model = BY_NAME[name].build()
+    reference = copy.deepcopy(model)
+    calls = _several_ways(model)
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    forward = _PerCallPeaks(torch.compile(model.forward, backend="tensortorrent", options=opts))
+    model.forward = forward
+    for i, (kind, kwargs) in enumerate(calls):
+        with torch.no_grad():
+            if kind == "generate":
+                got, expected = model.generate(**kwargs), reference.generate(**kwargs)
+                torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=f"call {i + 1}")
+                continue
+            got, expected = model(**kwargs), reference(**kwargs)
+        key = "loss" if kind == "loss" else "logits"
+        torch.testing.assert_close(got[key], expected[key], msg=f"call {i + 1} ({kind})")
+    del model.forward
+    graphs = tt.tensortorrent_backend.graphs
+    if budget == "disk":
+        limit = opts["budgets"]["cpu"]
+        peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
+        assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
+    else:
+        limit = budget_bytes(budget, model)
+        over = [(i, p) for i, p in enumerate(forward.peaks) if not 0 < p <= limit]
+        assert not over, f"calls whose measured peak on {DEVICE} is not within {limit} B: {over}"

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.fx.passes.split_module import split_module
 
+import tensortorrent as tt
 from tensortorrent_dynamo.cost_graph import build_cost_graph
 from tensortorrent_dynamo.functional import capture
 from tensortorrent_dynamo.passes.rewrite import order_by_segment, rewrite
@@ -152,3 +153,24 @@ def test_a_plan_that_runs_an_input_after_its_user_is_refused() -> None:
     segments["sin"] = 2  # after ``add``, which uses it
     with pytest.raises(AssertionError, match=re.escape("runs sin (segment 2) after its user add")):
         order_by_segment(gm, lambda node: segments[node.name])
+
+
+def test_a_graph_with_no_inputs_runs_on_the_accelerator() -> None:
+    """A graph of constants only (gemma3 with ``output_attentions`` breaks out one) has no
+    input to put the runtime's handle after: it goes first, before its users (it went
+    last, and FX refused the graph)."""
+
+    def no_inputs() -> torch.Tensor:
+        return (torch.tensor([1.0, 2.0]) @ torch.ones(2, 64)).exp()
+
+    options = {
+        "compiler": "eager",
+        "devices": ["virtual:0"],
+        "virtual_devices": VIRTUAL,
+        "budgets": {"virtual:0": "1MiB"},
+    }
+    compiled = torch.compile(no_inputs, backend="tensortorrent", options=options)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(), no_inputs())
+    (graph,) = tt.tensortorrent_backend.graphs
+    assert ("submod_0", "virtual:0") in graph.compilers_by_device()
