@@ -87,7 +87,9 @@ class TensorTorrentBackend:
                 instance = session.instance_of(dynamo_frame, weights)
                 described = traced.pop() if args is None else shape
                 inputs = instance_inputs(described, args, session.weight_name)
-                frame = session.instance_frame(dynamo_frame, instance)
+                frame = session.instance_frame(
+                    dynamo_frame, instance, sorted(inputs.params.values())
+                )
 
                 def hooked(
                     compiled: CompiledGraph, bounds: dict[str, int] | None = None

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -82,14 +82,14 @@ def plan_and_compile(
         plan, chunked = _plan_chunked(
             session, gm, graph_inputs, cost, profile, frame, replacing, keep
         )
-    except PlanInfeasible:
-        # the earlier graphs planned what they keep without knowing of this one: they keep
-        # nothing from now on, where they can be planned again, and it is planned beside
-        # none of their copies
-        if replacing is not None or not session.make_lean_beside(frame):
+    except PlanInfeasible as exc:
+        if replacing is not None:
             raise
-        plan, chunked = _plan_chunked(
-            session, gm, graph_inputs, cost, profile, frame, replacing, keep
+        plan, chunked = _plan_beside_leaner(
+            session,
+            frame,
+            lambda: _plan_chunked(session, gm, graph_inputs, cost, profile, frame, None, keep),
+            exc,
         )
     module = gm
     if plan.split and chunked is not None:
@@ -143,6 +143,26 @@ def plan_and_compile(
         log.info("graph %d planned: %s", plan.graph_index, plan.native.chosen)
         log.debug("schedule of graph %d:\n%s", plan.graph_index, rewritten.module.code)
     return compiled
+
+
+def _plan_beside_leaner(
+    session: Session,
+    frame: int | None,
+    plan: Callable[[], tuple[GraphPlan, ChunkedGraph | None]],
+    error: PlanInfeasible,
+) -> tuple[GraphPlan, ChunkedGraph | None]:
+    """``plan()`` once the graphs of other frames keep less: a new graph did not fit
+    (``error``) beside what they keep, which they planned without knowing of it. The one
+    keeping the most is made lean (``Session.make_lean_beside``: it keeps nothing from
+    now on), then the next two, four, ..., until the new graph fits or none is left to
+    make lean (then the last ``PlanInfeasible`` is raised)."""
+    count = 1
+    while session.make_lean_beside(frame, count):
+        try:
+            return plan()
+        except PlanInfeasible as exc:
+            error, count = exc, 2 * count
+    raise error
 
 
 class Replanner:

@@ -315,13 +315,16 @@ class Session:
         known.append({i: weakref.ref(w) for i, w in given.items()})
         return len(known) - 1
 
-    def make_lean_beside(self, frame: int | None) -> bool:
+    def make_lean_beside(self, frame: int | None, count: int) -> int:
         """A new graph of ``frame`` does not fit beside what the graphs of other frames keep:
-        those that can be planned again are made lean (:meth:`make_lean`), so that it is
-        planned beside none of their copies. Whether any was."""
-        return self.make_lean(
-            [g for g in self.beside(frame) if not g.lean], "a later graph needed the room"
-        )
+        the ``count`` of them that keep the most (on all devices) and can be planned again
+        are made lean (:meth:`make_lean`), so that it is planned beside none of their
+        copies. How many were: 0 when none is left."""
+        candidates = [g for g in self.beside(frame) if not g.lean and g.replan is not None]
+        candidates.sort(key=lambda g: sum(g.plan.kept_bytes(d.name) for d in g.plan.devices))
+        chosen = candidates[::-1][:count]
+        self.make_lean(chosen, "a later graph needed the room")
+        return len(chosen)
 
     def make_lean(self, graphs: Sequence[CompiledGraph], why: str) -> bool:
         """``graphs`` keep nothing for good from now on: those that can be planned again (not
@@ -345,15 +348,30 @@ class Session:
             )
         return bool(lean)
 
-    def instance_frame(self, frame: int | None, instance: int) -> int | None:
+    def instance_frame(
+        self, frame: int | None, instance: int, weights: Sequence[str] = ()
+    ) -> int | None:
         """The frame the graphs of ``instance`` of Dynamo frame ``frame`` are of: ``frame``
         itself for the first instance, else a number of its own (negative, as Dynamo's are
-        not), so that each instance keeps its resident copies beside the others'."""
+        not), so that each instance keeps its resident copies beside the others'. The first
+        time a frame has a second instance, a warning says what that costs (``weights``:
+        the names of the graph's weights, to say which module repeats)."""
         if instance == 0:
             return frame
         key = (frame, instance)
         if key not in self._instance_frames:
             self._instance_frames[key] = -1 - len(self._instance_frames)
+            if instance == 1:
+                listed = ", ".join(weights[:3]) + (", ..." if len(weights) > 3 else "")
+                log.warning(
+                    "the graphs of Dynamo frame %s run for more than one module (a second "
+                    "module's weights: %s): a graph break inside a module the model repeats "
+                    "(a layer; output_attentions=True makes one in many models) makes every "
+                    "repeat run its own small graphs, each planned apart, which is slower than "
+                    "one graph for the model. TORCH_LOGS=graph_breaks shows where it breaks",
+                    frame,
+                    listed or "none",
+                )
         return self._instance_frames[key]
 
     def kept_beside(self, frame: int | None) -> frozenset[tuple[str, str]]:

@@ -71,7 +71,7 @@ def _options(budget: str, model: nn.Module, tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("budget", ["third", "disk"])
 @pytest.mark.parametrize("other", [False, True], ids=["repeated", "same-names"])
 def test_every_layer_computes_with_its_own_weights(
-    budget: str, other: bool, tmp_path: Path
+    budget: str, other: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = _model(other)
     x = torch.randn(8, WIDTH)
@@ -88,6 +88,10 @@ def test_every_layer_computes_with_its_own_weights(
     names = [p.fqn for g in graphs for p in g.plan.cost.params]
     assert len(names) == len(set(names)) == len(list(model.parameters())), names
     assert "a.weight@1" in names
+    # each frame's second module is told once: what the graph break costs, and where to look
+    told = [r.getMessage() for r in caplog.records if "run for more than one module" in r.message]
+    assert len(told) == 2, told  # the layer's two frames (before and after its break)
+    assert "a.weight@1" in told[0] + told[1] and "TORCH_LOGS=graph_breaks" in told[0]
     if budget == "disk":
         limit = opts["budgets"]["cpu"]
         assert any(r.reads_from_disk for g in graphs for r in g.plan.residency)

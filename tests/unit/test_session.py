@@ -23,9 +23,11 @@ def _plan(
     follows: int | None = None,
     chunk_bytes: int | None = None,
 ) -> Any:
-    params = tuple(types.SimpleNamespace(fqn=fqn) for fqn in residency)
+    params = tuple(types.SimpleNamespace(fqn=fqn, nbytes=100) for fqn in residency)
+    devices = sorted({r.device for r in residency.values()} | {"cpu"})
     plan = types.SimpleNamespace(
         cost=types.SimpleNamespace(params=params),
+        devices=tuple(types.SimpleNamespace(name=d) for d in devices),
         residency=tuple(residency.values()),
         graph_index=index,
         follows=follows,
@@ -273,11 +275,27 @@ def test_graphs_made_lean_drop_their_copies_now_and_are_planned_again_before_the
     for fqn, param in params.items():
         session.resident.put(fqn, param, "virtual:0", param.clone())
 
-    assert session.make_lean_beside(3)
+    assert session.make_lean_beside(3, 1) == 1
     assert first.lean and first.lean_pending and not final.lean
     assert [fqn for fqn, _ in session.resident.copies()] == ["b"]
     assert session.kept_beside(3) == {("b", "virtual:0")}
-    assert not session.make_lean_beside(3)  # none left that can be
+    assert session.make_lean_beside(3, 4) == 0  # none left that can be
 
     session.enter(first, ("x",))
     assert asked == [(first, ("x",), None)] and first.lean and not first.lean_pending
+
+
+def test_the_graphs_keeping_the_most_are_made_lean_first() -> None:
+    """Made lean as a new graph needs: the ``count`` graphs of other frames keeping the most,
+    not the graphs of the new graph's own frame."""
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    small = _graph(1, {"a": ON_ACCELERATOR}, index=0)
+    large = _graph(2, {"b": ON_ACCELERATOR, "c": ON_ACCELERATOR}, index=1)
+    own = _graph(3, {"d": ON_ACCELERATOR, "e": ON_ACCELERATOR, "f": ON_ACCELERATOR}, index=2)
+    for g in (small, large, own):
+        g.replan = lambda g, args, keep: None
+    session.graphs.extend([small, large, own])
+    assert session.make_lean_beside(3, 1) == 1
+    assert large.lean and not small.lean and not own.lean
+    assert session.make_lean_beside(3, 2) == 1
+    assert small.lean and not own.lean
