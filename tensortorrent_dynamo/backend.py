@@ -82,35 +82,54 @@ class TensorTorrentBackend:
         def build(weights: tuple[Any, ...], args: Sequence[Any] | None) -> Callable[..., Any]:
             """The graph of the instance ``weights`` are, planned with them (at call time,
             with ``args``, the call's arguments, under the session's lock, as no call may
-            run meanwhile)."""
+            run meanwhile). What it returns holds no call's values: they would keep a
+            deleted model's weights, or a KV cache the caller replaced, alive."""
             with session.lock if args is not None else contextlib.nullcontext():
                 instance = session.instance_of(dynamo_frame, weights)
-                described = traced.pop() if args is None else shape
-                inputs = instance_inputs(described, args, session.weight_name)
-                frame = session.instance_frame(
-                    dynamo_frame, instance, sorted(inputs.params.values())
+                inputs = instance_inputs(
+                    traced.pop() if args is None else shape, args, session.weight_name
                 )
+                names = sorted(inputs.params.values())
+                frame = session.instance_frame(dynamo_frame, instance, names)
 
                 def hooked(
-                    compiled: CompiledGraph, bounds: dict[str, int] | None = None
+                    compiled: CompiledGraph, given: GraphInputs, bounds: dict[str, int] | None
                 ) -> CompiledGraph:
                     if session.settings.plan is None:  # a saved plan's are replayed as saved
-                        compiled.replan = Replanner(session, gm, inputs, frame, bounds)
+                        compiled.replan = Replanner(session, gm, given, frame, bounds)
                     return compiled
 
                 if not sizes:
-                    return hooked(plan_and_compile(session, gm, inputs, frame))
+                    return hooked(plan_and_compile(session, gm, inputs, frame), inputs, None)
+                # the values of the first range's plan, until it is made; a later range's
+                # are those of the call that asks for it
+                first = [inputs]
+                del inputs
 
-                def build_range(bounds: dict[str, int]) -> CompiledGraph:
+                def build_range(bounds: dict[str, int], call: Sequence[Any] | None) -> Any:
                     with session.lock:
-                        return hooked(plan_and_compile(session, gm, inputs, frame, bounds), bounds)
+                        given = (
+                            first[0] if first else instance_inputs(shape, call, session.weight_name)
+                        )
+                        compiled = plan_and_compile(session, gm, given, frame, bounds)
+                        first.clear()
+                        return hooked(compiled, given, bounds)
 
-                return SizeRanges(sizes, build_range)
+                return SizeRanges(sizes, build_range, args)
 
         return Instances(sorted(graph_inputs.params), graph_inputs.values, build)
 
     def _session(self, settings: Settings) -> Session:
+        """The session of ``settings``. The sessions all of whose graphs are gone (their
+        models were deleted: ``Session.forget_gone``) are closed (their disk tier's reader
+        threads stop) and dropped."""
         key = settings.fingerprint()
+        for other, session in list(self.sessions.items()):
+            with session.lock:
+                session.forget_gone()
+            if other != key and session.planned and not session.graphs:
+                session.close()
+                del self.sessions[other]
         if key not in self.sessions:
             self.sessions[key] = Session.of(settings)
         return self.sessions[key]

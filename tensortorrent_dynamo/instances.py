@@ -60,17 +60,24 @@ class Instances:
             else (lambda args: tuple(args[i] for i in positions))
         )
         self.build = build
-        self.first_params = self._params(values)
-        self.first = build(self.first_params, None)
+        first = self._params(values)
+        self.first = build(first, None)
+        # the first weights by id, held weakly: a model deleted frees its weights. An id is
+        # reused only after its tensor died, and then its weak reference has forgotten them.
+        self._first_ids: tuple[int, ...] | None = tuple(map(id, first))
+        self._first_refs = [weakref.ref(p, self._forget_first) for p in first]
         # ids of the weights -> (weak references to them, the graph planned for them)
         self._others: dict[tuple[int, ...], tuple[list[weakref.ref[Any]], Any]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         params = self._params(args)
-        if all(map(operator.is_, params, self.first_params)):
+        if tuple(map(id, params)) == self._first_ids:
             return self.first(*args)
         return self._other(params, args)(*args)
+
+    def _forget_first(self, _: weakref.ref[Any]) -> None:
+        self._first_ids = None
 
     def _find(self, params: tuple[Any, ...]) -> Any:
         found = self._others.get(tuple(map(id, params)))

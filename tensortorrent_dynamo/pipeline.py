@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,18 +60,19 @@ def plan_and_compile(
     (``plan_graph``), and ``replacing`` becomes the new graph: Dynamo keeps calling it."""
     settings = session.settings
     example_inputs = graph_inputs.values
+    session.forget_gone()  # a deleted model's graphs hold nothing a new plan must leave
     profile = host_profile(settings)
     reference = copy_module(gm) if settings.verify and graph_inputs.state else gm
     StateInPlace(graph_inputs.state)(gm)
     cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes, graph_inputs.state)
     # the plan is made for these tensors: another module's, of the same code and costs,
     # are another instance (``instances.py``)
-    tensors = tuple(id(example_inputs[p.arg_index]) for p in cost.params)
-    source = (digest(gm.code, 64), cost.digest(), tensors)
-    if source in session.by_source and replacing is None:
+    tensors = [example_inputs[p.arg_index] for p in cost.params]
+    source = (digest(gm.code, 64), cost.digest())
+    again = session.same_source(source, tensors) if replacing is None else None
+    if again is not None:
         # A recompile (a guard failed) that produced the same graph with the same
         # costs and weights: its plan's assumptions still hold.
-        again = session.by_source[source]
         log.info(
             "recompiled graph is graph %d again (same code and costs): reusing plan %s",
             again.plan.graph_index,
@@ -126,14 +128,16 @@ def plan_and_compile(
         reference=reference if settings.verify else None,
         frame=frame,
         enter=session.enter,
+        weights=tuple(weakref.ref(t) for t in tensors),
     )
     if replacing is not None:
         replacing.become(compiled)
         compiled = replacing
     else:
         session.graphs.append(compiled)
+        session.planned += 1
     session.current = compiled  # its resident copies are the ones held now
-    session.by_source[source] = compiled
+    session.compiled_from(source, tensors, compiled)
     if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
         from .report.explain import explain_graph
 
@@ -271,7 +275,7 @@ def _plan(
     copies of ``keep`` where they fit. A graph planned again (``replacing``) keeps its
     index."""
     settings = session.settings
-    index = len(session.graphs) if replacing is None else replacing.plan.graph_index
+    index = session.planned if replacing is None else replacing.plan.graph_index
     on_disk = frozenset(
         p.fqn for p in cost.params if released_location(example_inputs[p.arg_index])
     )

@@ -103,6 +103,15 @@ class CompiledGraph:
     lean: bool = False
     # planned again, lean, before its next call (its copies were dropped meanwhile)
     lean_pending: bool = False
+    # weak references to the weights it was planned for: it runs with those only
+    # (``instances.py``), so once one of them died it never runs again (:attr:`gone`)
+    weights: tuple[weakref.ref[torch.Tensor], ...] = ()
+
+    @property
+    def gone(self) -> bool:
+        """Whether a weight it was planned for died (its model was deleted): it never runs
+        again, and holds nothing (``Session.forget_gone``)."""
+        return any(ref() is None for ref in self.weights)
 
     def __post_init__(self) -> None:
         self.direct = direct_segment(self.module)
@@ -230,16 +239,18 @@ class Session:
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     disk: DiskTier | None = None
     resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
-    # (hash of the graph's code, hash of its costs, ids of its weights) -> the graph
-    # compiled from it
-    by_source: dict[tuple[str, str, tuple[int, ...]], CompiledGraph] = dataclasses.field(
-        default_factory=dict
-    )
+    # (hash of the graph's code, hash of its costs, ids of its weights) -> weak references
+    # to those weights, and the graph compiled from them (``same_source``)
+    _by_source: dict[
+        tuple[str, str, tuple[int, ...]], tuple[list[weakref.ref[torch.Tensor]], CompiledGraph]
+    ] = dataclasses.field(default_factory=dict)
     # one call of one of the session's graphs at a time, or one plan made at call time
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
 
     # the graph whose resident copies are held now
     current: CompiledGraph | None = None
+    # how many graphs were planned: the index of the next one
+    planned: int = 0
     # the plan file the settings name, once read
     saved: SavedPlan | None = None
     # the weights (whole, by fqn) the plans read from disk whose RAM is released
@@ -274,6 +285,42 @@ class Session:
         if self.saved is None:
             self.saved = load_plan(self.settings.plan)
         return self.saved
+
+    def forget_gone(self) -> None:
+        """Drop the graphs of deleted models (``CompiledGraph.gone``): no later plan is
+        made beside what they kept, or the room their runs needed."""
+        gone = [g for g in self.graphs if g.gone]
+        if not gone:
+            return
+        self.graphs = [g for g in self.graphs if not g.gone]
+        if self.current is not None and self.current.gone:
+            self.current = None
+        self._by_source = {
+            key: (refs, graph) for key, (refs, graph) in self._by_source.items() if not graph.gone
+        }
+        log.info(
+            "graphs %s are let go: a weight they were planned for was deleted",
+            ", ".join(str(g.plan.graph_index) for g in gone),
+        )
+
+    def same_source(
+        self, source: tuple[str, str], weights: Sequence[torch.Tensor]
+    ) -> CompiledGraph | None:
+        """The graph compiled from ``source`` (the hashes of a graph's code and of its
+        costs) with ``weights``, if any (:meth:`compiled_from`). A weight is known by its id
+        while it lives: a tensor made after another died may have its id."""
+        found = self._by_source.get((*source, tuple(map(id, weights))))
+        if found is None:
+            return None
+        refs, graph = found
+        return graph if all(r() is w for r, w in zip(refs, weights, strict=True)) else None
+
+    def compiled_from(
+        self, source: tuple[str, str], weights: Sequence[torch.Tensor], graph: CompiledGraph
+    ) -> None:
+        """``graph`` was compiled from ``source`` with ``weights`` (:meth:`same_source`)."""
+        key = (*source, tuple(map(id, weights)))
+        self._by_source[key] = ([weakref.ref(w) for w in weights], graph)
 
     def weight_name(self, fqn: str, tensor: torch.Tensor) -> str:
         """The name the plans give ``tensor``, a weight its graph calls ``fqn``: ``fqn``, or
@@ -708,7 +755,7 @@ def share_resident(
         return cost
     log.info(
         "graph %d shares %d parameters earlier graphs keep resident on %s",
-        len(session.graphs),
+        session.planned,
         len(shared),
         device,
     )

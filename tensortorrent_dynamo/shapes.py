@@ -84,20 +84,26 @@ class SymbolicSizes:
 
 class SizeRanges:
     """A dynamic-shape graph: each call runs with the plan made for the range its sizes
-    fall in, planned (by ``build``, given the range's bounds) the first time a call falls
-    in it. The range of the sizes the graph was traced with is planned at once.
+    fall in, planned (by ``build``, given the range's bounds and the call's arguments) the
+    first time a call falls in it. The range of the sizes of ``args`` (where ``None``, of
+    those the graph was traced with) is planned at once.
 
     When the budgets cannot hold a range at its bounds, the range is narrowed to end at the
     sizes of the call (the plan is made for them exactly); a later call beyond them plans
     again."""
 
-    def __init__(self, sizes: SymbolicSizes, build: Callable[[dict[str, int]], Any]) -> None:
+    def __init__(
+        self,
+        sizes: SymbolicSizes,
+        build: Callable[[dict[str, int], Sequence[Any] | None], Any],
+        args: Sequence[Any] | None = None,
+    ) -> None:
         self.sizes = sizes
         self.build = build
         # (lower bounds, exclusive; upper bounds; the graph planned for them)
         self.ranges: list[tuple[dict[str, int], dict[str, int], Any]] = []
         self._lock = threading.Lock()
-        self.graph_for(sizes.hints)
+        self.graph_for(sizes.hints if args is None else sizes.values(args), args)
 
     def _find(self, values: Mapping[str, int]) -> Any:
         for low, high, graph in self.ranges:
@@ -105,8 +111,9 @@ class SizeRanges:
                 return graph
         return None
 
-    def graph_for(self, values: Mapping[str, int]) -> Any:
-        """The compiled graph for a call whose symbols have ``values``."""
+    def graph_for(self, values: Mapping[str, int], args: Sequence[Any] | None) -> Any:
+        """The compiled graph for a call whose symbols have ``values``: ``build`` is given
+        the range's bounds and the call's arguments ``args`` (``None``: the traced ones)."""
         graph = self._find(values)
         if graph is not None:
             return graph
@@ -124,15 +131,15 @@ class SizeRanges:
                     format_range(high),
                 )
             try:
-                graph = self.build(high)
+                graph = self.build(high, args)
             except PlanInfeasible as exc:
                 if dict(values) == high:
                     raise
                 high = dict(values)
                 log.info("%s; planning for the sizes of this call instead: %s", exc, high)
-                graph = self.build(high)
+                graph = self.build(high, args)
             self.ranges.append((low, high, graph))
             return graph
 
     def __call__(self, *args: Any) -> Any:
-        return self.graph_for(self.sizes.values(args))(*args)
+        return self.graph_for(self.sizes.values(args), args)(*args)
