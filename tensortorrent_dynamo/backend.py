@@ -117,6 +117,8 @@ class TensorTorrentBackend:
 
                 return SizeRanges(sizes, build_range, args)
 
+        if not graph_inputs.params:  # no weights: one instance, called directly
+            return build((), None)
         return Instances(sorted(graph_inputs.params), graph_inputs.values, build)
 
     def _session(self, settings: Settings) -> Session:
