@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
-from tests.integration.test_repeated_layers import _model, _options
+from tests.integration.test_repeated_layers import WIDTH, _model, _options
 
 # three calls of other batch sizes: Dynamo makes the batch size symbolic at the second, so
 # the graphs are planned per range of sizes (``shapes.SizeRanges``) as well as per layer
@@ -24,9 +24,8 @@ BATCHES = (8, 12, 24)
 def _run(model: torch.nn.Module, budget: str, tmp_path: Path) -> tuple[Any, list[Any]]:
     """``model`` with ``forward`` compiled through the backend, called at each batch size
     and compared with eager; its plans' (residency, streams) per graph."""
-    expected = []
+    inputs = [torch.randn(b, WIDTH, generator=torch.Generator().manual_seed(b)) for b in BATCHES]
     with torch.no_grad():
-        inputs = [torch.randn(b, 256, generator=torch.Generator().manual_seed(b)) for b in BATCHES]
         expected = [model(x) for x in inputs]
     model.forward = torch.compile(  # type: ignore[method-assign]
         model.forward, backend="tensortorrent", options=_options(budget, model, tmp_path)
