@@ -24,10 +24,40 @@ import dataclasses
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 from .functional import GraphInputs
+
+V = TypeVar("V")
+
+
+class ByIdentity(Generic[V]):
+    """Values found by a tuple of objects (a graph's weights) and a plain key: by the
+    objects' identities, held weakly, so that a deleted model's weights are freed. An entry
+    is found only while each object is the one it was made for: a new tensor may have a
+    dead one's id."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, tuple[list[weakref.ref[Any]], V]] = {}
+
+    def get(self, objects: Sequence[Any], key: Hashable = ()) -> V | None:
+        found = self._entries.get((key, tuple(map(id, objects))))
+        if found is None:
+            return None
+        refs, value = found
+        return value if all(r() is o for r, o in zip(refs, objects, strict=True)) else None
+
+    def put(self, objects: Sequence[Any], value: V, key: Hashable = ()) -> None:
+        self._entries[(key, tuple(map(id, objects)))] = ([weakref.ref(o) for o in objects], value)
+
+    def prune(self) -> None:
+        """Drop the entries an object of which died."""
+        self._entries = {
+            k: (refs, v)
+            for k, (refs, v) in self._entries.items()
+            if all(r() is not None for r in refs)
+        }
 
 
 def instance_inputs(
@@ -66,8 +96,8 @@ class Instances:
         # reused only after its tensor died, and then its weak reference has forgotten them.
         self._first_ids: tuple[int, ...] | None = tuple(map(id, first))
         self._first_refs = [weakref.ref(p, self._forget_first) for p in first]
-        # ids of the weights -> (weak references to them, the graph planned for them)
-        self._others: dict[tuple[int, ...], tuple[list[weakref.ref[Any]], Any]] = {}
+        # the graph planned for each other set of weights
+        self._others: ByIdentity[Any] = ByIdentity()
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
@@ -79,21 +109,13 @@ class Instances:
     def _forget_first(self, _: weakref.ref[Any]) -> None:
         self._first_ids = None
 
-    def _find(self, params: tuple[Any, ...]) -> Any:
-        found = self._others.get(tuple(map(id, params)))
-        if found is None:
-            return None
-        refs, graph = found
-        return graph if all(r() is p for r, p in zip(refs, params, strict=True)) else None
-
     def _other(self, params: tuple[Any, ...], args: Sequence[Any]) -> Any:
-        graph = self._find(params)
+        graph = self._others.get(params)
         if graph is not None:
             return graph
         with self._lock:
-            graph = self._find(params)
+            graph = self._others.get(params)
             if graph is None:
                 graph = self.build(params, args)
-                refs = [weakref.ref(p) for p in params]
-                self._others[tuple(map(id, params))] = (refs, graph)
+                self._others.put(params, graph)
             return graph

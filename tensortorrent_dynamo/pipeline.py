@@ -69,7 +69,7 @@ def plan_and_compile(
     # are another instance (``instances.py``)
     tensors = [example_inputs[p.arg_index] for p in cost.params]
     source = (digest(gm.code, 64), cost.digest())
-    again = session.same_source(source, tensors) if replacing is None else None
+    again = session.by_source.get(tensors, source) if replacing is None else None
     if again is not None:
         # A recompile (a guard failed) that produced the same graph with the same
         # costs and weights: its plan's assumptions still hold.
@@ -137,7 +137,7 @@ def plan_and_compile(
         session.graphs.append(compiled)
         session.planned += 1
     session.current = compiled  # its resident copies are the ones held now
-    session.compiled_from(source, tensors, compiled)
+    session.by_source.put(tensors, compiled, source)
     if plan_log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
         from .report.explain import explain_graph
 

@@ -24,6 +24,7 @@ import torch.fx
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph, ParamRef
 from .errors import PlanInfeasible, StalePlanError
+from .instances import ByIdentity
 from .io.locations import TensorLocation
 from .io.pool import (
     HostBufferPool,
@@ -239,11 +240,8 @@ class Session:
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     disk: DiskTier | None = None
     resident: ResidentCopies = dataclasses.field(default_factory=ResidentCopies)
-    # (hash of the graph's code, hash of its costs, ids of its weights) -> weak references
-    # to those weights, and the graph compiled from them (``same_source``)
-    _by_source: dict[
-        tuple[str, str, tuple[int, ...]], tuple[list[weakref.ref[torch.Tensor]], CompiledGraph]
-    ] = dataclasses.field(default_factory=dict)
+    # the graph compiled from a graph's weights and (key) the hashes of its code and costs
+    by_source: ByIdentity[CompiledGraph] = dataclasses.field(default_factory=ByIdentity)
     # one call of one of the session's graphs at a time, or one plan made at call time
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
 
@@ -295,32 +293,11 @@ class Session:
         self.graphs = [g for g in self.graphs if not g.gone]
         if self.current is not None and self.current.gone:
             self.current = None
-        self._by_source = {
-            key: (refs, graph) for key, (refs, graph) in self._by_source.items() if not graph.gone
-        }
+        self.by_source.prune()
         log.info(
             "graphs %s are let go: a weight they were planned for was deleted",
             ", ".join(str(g.plan.graph_index) for g in gone),
         )
-
-    def same_source(
-        self, source: tuple[str, str], weights: Sequence[torch.Tensor]
-    ) -> CompiledGraph | None:
-        """The graph compiled from ``source`` (the hashes of a graph's code and of its
-        costs) with ``weights``, if any (:meth:`compiled_from`). A weight is known by its id
-        while it lives: a tensor made after another died may have its id."""
-        found = self._by_source.get((*source, tuple(map(id, weights))))
-        if found is None:
-            return None
-        refs, graph = found
-        return graph if all(r() is w for r, w in zip(refs, weights, strict=True)) else None
-
-    def compiled_from(
-        self, source: tuple[str, str], weights: Sequence[torch.Tensor], graph: CompiledGraph
-    ) -> None:
-        """``graph`` was compiled from ``source`` with ``weights`` (:meth:`same_source`)."""
-        key = (*source, tuple(map(id, weights)))
-        self._by_source[key] = ([weakref.ref(w) for w in weights], graph)
 
     def weight_name(self, fqn: str, tensor: torch.Tensor) -> str:
         """The name the plans give ``tensor``, a weight its graph calls ``fqn``: ``fqn``, or
@@ -368,18 +345,19 @@ class Session:
         are made lean (:meth:`make_lean`), so that it is planned beside none of their
         copies. How many were: 0 when none is left."""
         candidates = [g for g in self.beside(frame) if not g.lean and g.replan is not None]
-        candidates.sort(key=lambda g: sum(g.plan.kept_bytes(d.name) for d in g.plan.devices))
-        chosen = candidates[::-1][:count]
+        candidates.sort(
+            key=lambda g: sum(g.plan.kept_bytes(d.name) for d in g.plan.devices), reverse=True
+        )
+        chosen = candidates[:count]
         self.make_lean(chosen, "a later graph needed the room")
         return len(chosen)
 
-    def make_lean(self, graphs: Sequence[CompiledGraph], why: str) -> bool:
-        """``graphs`` keep nothing for good from now on: those that can be planned again (not
-        a saved plan's) are, before they next run, keeping nothing (:meth:`enter`), and the
-        resident copies they keep are dropped now, so that a new graph is planned beside
-        none of them; until then, the weights they keep in RAM are held beside the budget.
-        Whether any was."""
-        lean = [g for g in graphs if g.replan is not None]
+    def make_lean(self, lean: Sequence[CompiledGraph], why: str) -> None:
+        """``lean`` (graphs that can be planned again, not a saved plan's) keep nothing for
+        good from now on: before they next run, they are planned again keeping nothing
+        (:meth:`enter`), and the resident copies they keep are dropped now, so that a new
+        graph is planned beside none of them; until then, the weights they keep in RAM are
+        held beside the budget."""
         for g in lean:
             g.lean = g.lean_pending = True
         dropped = frozenset().union(*(resident_set(g.plan) for g in lean))
@@ -393,7 +371,6 @@ class Session:
                 why,
                 len(evicted),
             )
-        return bool(lean)
 
     def instance_frame(
         self, frame: int | None, instance: int, weights: Sequence[str] = ()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from tensortorrent_dynamo.functional import GraphInputs
-from tensortorrent_dynamo.instances import Instances, instance_inputs
+from tensortorrent_dynamo.instances import ByIdentity, Instances, instance_inputs
 
 
 def test_each_set_of_weights_runs_its_own_graph_built_once() -> None:
@@ -41,3 +42,23 @@ def test_an_instances_inputs_are_the_calls_values_its_weights_named() -> None:
     inputs = instance_inputs(traced, call, lambda fqn, tensor: f"{fqn}!")
     assert inputs.values == call and inputs.params == {0: "w!"}
     assert instance_inputs(traced, None, lambda fqn, t: fqn).values == traced.values
+
+
+def test_an_entry_is_found_again_only_for_the_live_objects_it_was_made_with() -> None:
+    """Weights are known by id while they live: a tensor made after another died may have
+    its id, and must not be given the dead one's graph (on the disk tier it read the dead
+    weight's location, refused as another tensor's)."""
+    found: ByIdentity[str] = ByIdentity()
+    weight = torch.zeros(4)
+    found.put([weight], "graph", ("code", "costs"))
+    assert found.get([weight], ("code", "costs")) == "graph"
+    assert found.get([weight], ("code", "other costs")) is None
+    assert found.get([torch.zeros(4)], ("code", "costs")) is None
+    # the entry of a dead tensor whose id a new tensor has
+    newer = torch.zeros(4)
+    dead = weakref.ref(torch.zeros(4))
+    assert dead() is None
+    found._entries[(("code", "costs"), (id(newer),))] = ([dead], "graph")
+    assert found.get([newer], ("code", "costs")) is None
+    found.prune()
+    assert found.get([weight], ("code", "costs")) == "graph" and len(found._entries) == 1

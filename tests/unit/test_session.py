@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import types
-import weakref
 from typing import Any
 
 import pytest
@@ -300,22 +299,3 @@ def test_the_graphs_keeping_the_most_are_made_lean_first() -> None:
     assert large.lean and not small.lean and not own.lean
     assert session.make_lean_beside(3, 2) == 1
     assert small.lean and not own.lean
-
-
-def test_a_graph_is_the_same_source_again_only_for_the_live_weights_it_was_made_with() -> None:
-    """Weights are known by id while they live: a tensor made after another died may have
-    its id, and must not be given the dead one's graph (on the disk tier it read the dead
-    weight's location, refused as another tensor's)."""
-    session = Session.of(parse_options())
-    graph, weight = _graph(1, {"a": ON_ACCELERATOR}), torch.zeros(4)
-    session.compiled_from(("code", "costs"), [weight], graph)
-    assert session.same_source(("code", "costs"), [weight]) is graph
-    assert session.same_source(("code", "other costs"), [weight]) is None
-    assert session.same_source(("code", "costs"), [torch.zeros(4)]) is None
-    # the entry of a dead weight whose id a new tensor has
-    newer = torch.zeros(4)
-    dead = weakref.ref(torch.zeros(4))
-    assert dead() is None
-    key = ("code", "costs", (id(newer),))
-    session._by_source[key] = ([dead], graph)
-    assert session.same_source(("code", "costs"), [newer]) is None
