@@ -110,6 +110,12 @@ class OffloadError(TensorTorrentError):
     """Weights cannot be written to, or read from, the disk tier."""
 
 
+class ReplacedWeightError(OffloadError):
+    """A weight a plan reads from disk holds other bytes than those stored there: it was
+    given them since (``.data = ...``, ``module.to(dtype)``). A graph that can be planned
+    again is, at once; a saved plan's graph raises this."""
+
+
 class OffloadCorruptError(OffloadError):
     """Offloaded weights fail their checksum, or their shard is missing or truncated.
 

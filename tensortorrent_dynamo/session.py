@@ -23,7 +23,7 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph, ParamRef
-from .errors import PlanInfeasible, StalePlanError
+from .errors import PlanInfeasible, ReplacedWeightError, StalePlanError
 from .instances import ByIdentity
 from .io.locations import TensorLocation
 from .io.pool import (
@@ -104,6 +104,9 @@ class CompiledGraph:
     lean: bool = False
     # planned again, lean, before its next call (its copies were dropped meanwhile)
     lean_pending: bool = False
+    # a weight its plan reads from disk was given other bytes (``ReplacedWeightError``): it
+    # is planned again before the call is made again (``Session.enter``)
+    replaced: str | None = None
     # weak references to the weights it was planned for: it runs with those only
     # (``instances.py``), so once one of them died it never runs again (:attr:`gone`)
     weights: tuple[weakref.ref[torch.Tensor], ...] = ()
@@ -147,6 +150,18 @@ class CompiledGraph:
             _collect_compile_garbage(self.plan.graph_index)
             if self.settings.keep_heap and self.runtime.disk is None:
                 keep_heap_for_calls()
+        try:
+            return self._run_once(args)
+        except ReplacedWeightError as exc:
+            # a weight read from disk was given other bytes (``model.to(dtype)`` and back):
+            # planned again, the graph uses them where they are now. Nothing the call wrote
+            # reached its inputs: a graph writes them back once it has returned.
+            if self.replan is None or self.enter is None:
+                raise
+            self.replaced = str(exc)
+            return self._run_once(args)
+
+    def _run_once(self, args: Sequence[Any]) -> Any:
         if self.enter is not None:
             self.enter(self, args)
         if self.chunks is not None:
@@ -425,9 +440,10 @@ class Session:
         frame, keeping those copies where they fit (``plan.planner.Keep``), so that
         switching between them drops and reads again nothing. Any graph (but a saved
         plan's) is also planned again where it is stale, a later graph's plan having
-        released weights its plan keeps in RAM (:meth:`released`), or lean, a later graph
-        having needed the room its copies held (:meth:`make_lean`)."""
-        if graph.stale is not None or graph.lean_pending:
+        released weights its plan keeps in RAM (:meth:`released`), lean, a later graph
+        having needed the room its copies held (:meth:`make_lean`), or where a weight its
+        plan reads from disk was given other bytes (``CompiledGraph.replaced``)."""
+        if graph.stale is not None or graph.lean_pending or graph.replaced is not None:
             self.plan_again(graph, args)
         if self.current is graph:
             return
@@ -519,16 +535,19 @@ class Session:
 
     def plan_again(self, graph: CompiledGraph, args: Sequence[Any]) -> None:
         """Plan ``graph`` again with ``args``: stale, now that the weights another graph's
-        plan released are on disk (see :meth:`released`), or lean, keeping nothing for good
-        now that a later graph needed the room (see :meth:`make_lean`)."""
+        plan released are on disk (see :meth:`released`), lean, keeping nothing for good
+        now that a later graph needed the room (see :meth:`make_lean`), or because a weight
+        its plan reads from disk was given other bytes (``CompiledGraph.replaced``)."""
         stale, graph.stale = graph.stale, None
+        replaced, graph.replaced = graph.replaced, None
         graph.lean_pending = False
         index = graph.plan.graph_index
-        why = (
-            f"graph {stale}'s plan put on disk weights its plan kept in RAM"
-            if stale is not None
-            else "it keeps nothing for good from now on"
-        )
+        if replaced is not None:
+            why = f"a weight its plan reads from disk changed ({replaced})"
+        elif stale is not None:
+            why = f"graph {stale}'s plan put on disk weights its plan kept in RAM"
+        else:
+            why = "it keeps nothing for good from now on"
         if graph.replan is None:
             raise StalePlanError(
                 f"graph {index} must be planned again ({why}), and it can no longer be; "

@@ -30,9 +30,11 @@ class DiskTier:
     guards: list[FileGuard] = dataclasses.field(default_factory=list)
 
     def add(self, locations: Mapping[str, TensorLocation]) -> None:
-        """Know where ``locations`` are too."""
+        """Know where ``locations`` are too (where a parameter was stored anew, its new
+        place only: the file of its old one may be gone)."""
         self.locations.update(locations)
-        for location in locations.values():
+        self.guards = []
+        for location in self.locations.values():
             guard = location.guard
             if guard is not None and all(guard is not g for g in self.guards):
                 self.guards.append(guard)
@@ -61,45 +63,71 @@ class DiskTier:
         return tensor
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Copy:
+    """A parameter's copy on a device, and what the parameter was when it was made: its
+    version counter, the address of its bytes and their storage (held, so that no other
+    bytes take that address while the copy is kept)."""
+
+    fqn: str
+    copy: torch.Tensor
+    version: int
+    data_ptr: int
+    storage: torch.UntypedStorage
+
+    def of(self, param: torch.Tensor) -> bool:
+        """Whether this is a copy of ``param`` as it is now."""
+        return param._version == self.version and param.data_ptr() == self.data_ptr
+
+
 class ResidentCopies:
     """The copies of parameters kept on a device for the whole run, by parameter and device.
 
-    A copy is valid while its parameter is unchanged (same ``_version``); it is dropped
-    when its parameter is.
+    A copy is valid while its parameter is unchanged: neither written in place (its
+    ``_version``) nor given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter
+    merged); it is dropped when its parameter is. A write in place through ``.data`` moves
+    no version counter and goes unseen.
     """
 
     def __init__(self) -> None:
-        # parameter -> device -> (fqn, copy, the parameter's version when copied)
+        # parameter -> device -> its copy there
         self._copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-    def _of(self, param: torch.Tensor) -> dict[str, tuple[str, torch.Tensor, int]]:
-        by_device: dict[str, tuple[str, torch.Tensor, int]] = self._copies.setdefault(  # type: ignore[no-untyped-call]
-            param, {}
-        )
+    def _of(self, param: torch.Tensor) -> dict[str, _Copy]:
+        by_device: dict[str, _Copy] = self._copies.setdefault(param, {})  # type: ignore[no-untyped-call]
         return by_device
 
     def get(self, param: torch.Tensor, device: str) -> torch.Tensor | None:
-        entry = self._of(param).get(device)
-        if entry is None or entry[2] != param._version:
+        """The copy of ``param`` on ``device``; ``None`` when there is none, or when the one
+        there is of what the parameter was before it changed (then dropped, so that its
+        memory is free before a new copy is made)."""
+        by_device = self._of(param)
+        entry = by_device.get(device)
+        if entry is None:
             return None
-        return entry[1]
+        if not entry.of(param):
+            del by_device[device]
+            return None
+        return entry.copy
 
     def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
-        self._of(param)[device] = (fqn, copy, param._version)
+        self._of(param)[device] = _Copy(
+            fqn, copy, param._version, param.data_ptr(), param.untyped_storage()
+        )
 
-    def _entries(self) -> list[tuple[dict[str, tuple[str, torch.Tensor, int]], str]]:
+    def _entries(self) -> list[tuple[dict[str, _Copy], str]]:
         values = self._copies.values()  # type: ignore[no-untyped-call]
         return [(by_device, d) for by_device in values for d in list(by_device)]
 
     def copies(self) -> list[tuple[str, torch.Tensor]]:
         """(fqn, copy) of every copy (their parameters are alive)."""
-        return [(by_device[d][0], by_device[d][1]) for by_device, d in self._entries()]
+        return [(by_device[d].fqn, by_device[d].copy) for by_device, d in self._entries()]
 
     def evict(self, keep: Callable[[str, str], bool]) -> list[str]:
         """Drop the copies for which ``keep(fqn, device)`` is false (their memory is freed
         once nothing else uses them); returns their fqns."""
         dropped = []
         for by_device, device in self._entries():
-            if not keep(by_device[device][0], device):
-                dropped.append(by_device.pop(device)[0])
+            if not keep(by_device[device].fqn, device):
+                dropped.append(by_device.pop(device).fqn)
         return dropped

@@ -19,9 +19,12 @@ the budgets, where it would otherwise fail deep inside torch on a tensor with no
 A write to the tensor copies the pages it touches into RAM and never reaches the file, so
 the compiled graphs, which read the file, would run on the old bytes: a tensor written in
 place since it was released (its version counter moved: ``load_state_dict``, an in-place
-op) is refused by :func:`check_released` before the runtime reads it. A write through
-``.data`` moves no version counter and goes unseen. Where the file cannot be mapped (no
-``mmap``, a damaged file), the storage is empty.
+op) or given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter merged) is
+refused by :func:`check_released` before the runtime reads it; a tensor given other bytes
+holds its own again (:func:`released_location` is ``None``), so a graph planned after that
+plans it anew. A write in place through ``.data`` (``p.data += delta``) moves no version
+counter and goes unseen. Where the file cannot be mapped (no ``mmap``, a damaged file), the
+storage is empty.
 """
 
 from __future__ import annotations
@@ -37,20 +40,48 @@ from typing import cast
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import CheckpointError, OffloadError
+from ..errors import CheckpointError, OffloadError, ReplacedWeightError
 from ..io.locations import FileGuard, TensorLocation
 from ..io.safetensors import safetensors_locations
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Released:
     location: TensorLocation
     version: int  # the tensor's version counter when it was released
-    # of a row chunk: the weight it is rows of, and that weight's version when released
+    # the address of the bytes it was released with, and their storage, held so that no
+    # other bytes can take that address while the record lives
+    data_ptr: int
+    storage: torch.UntypedStorage
+    # of a row chunk: the weight it is rows of, and that weight's record when released
     whole: weakref.ref[torch.Tensor] | None = None
-    whole_version: int = 0
+    whole_record: _Released | None = None
+
+    def _whole(self) -> tuple[torch.Tensor, _Released] | None:
+        """The weight a row chunk is of, and its record (``None`` for a whole weight, or
+        once that weight died)."""
+        whole = self.whole() if self.whole is not None else None
+        if whole is None or self.whole_record is None:
+            return None
+        return whole, self.whole_record
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` (the record's), and the weight it is rows of, still hold the
+        bytes they were released with."""
+        whole = self._whole()
+        return tensor.data_ptr() == self.data_ptr and (whole is None or whole[1].holds(whole[0]))
+
+    def unchanged(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` (the record's), and the weight it is rows of, hold the bytes
+        they were released with, unwritten since."""
+        whole = self._whole()
+        return (
+            tensor._version == self.version
+            and tensor.data_ptr() == self.data_ptr
+            and (whole is None or whole[1].unchanged(whole[0]))
+        )
 
 
 # tensor -> where its bytes are, for as long as the tensor lives
@@ -62,35 +93,33 @@ def _record(tensor: torch.Tensor) -> _Released | None:
 
 
 def released_location(tensor: torch.Tensor) -> TensorLocation | None:
-    """Where the bytes of a released tensor are; ``None`` for a tensor that holds its own."""
+    """Where the bytes of a released tensor are; ``None`` for a tensor that holds its own
+    (never released, or given other bytes since)."""
     record = _record(tensor)
-    return None if record is None else record.location
+    return None if record is None or not record.holds(tensor) else record.location
 
 
 def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
-    """Raise :class:`OffloadError` unless ``tensor`` is the released tensor whose bytes are at
-    ``location``, where a plan reads its weight from, unwritten since: a tensor holding
-    bytes of its own, or released elsewhere, is not the weight the plan was made for (its
-    graph must have been called with another module's weights), and one written in place
-    since its bytes were stored (or the weight a row chunk is of) has new bytes the file
-    does not hold."""
+    """Raise unless ``tensor`` is the released tensor whose bytes are at ``location``, where a
+    plan reads its weight from, unchanged since: :class:`OffloadError` for one written in
+    place since its bytes were stored there (or the weight a row chunk is of), whose new
+    bytes the file does not hold; :class:`ReplacedWeightError` for one holding other bytes
+    (given them since, or released elsewhere), which a plan made now would read from where
+    they are."""
     record = _record(tensor)
-    if record is None or record.location != location:
+    if record is not None and record.location == location and record.holds(tensor):
+        if record.unchanged(tensor):
+            return
         raise OffloadError(
-            f"{location.key}: the compiled graph was given a tensor other than the one its plan "
-            f"reads from {location.path}, so it would run on another weight's bytes; please "
-            "report this as a bug, with the model"
+            f"{location.key}: the model's tensor was written in place after its bytes were "
+            f"moved to {location.path}, and the compiled graphs read them from there, so they "
+            "would run on the old weights. Load new weights into the model before compiling "
+            "it (or into a new model, and compile that)"
         )
-    whole = record.whole() if record.whole is not None else None
-    if tensor._version == record.version and (
-        whole is None or whole._version == record.whole_version
-    ):
-        return
-    raise OffloadError(
-        f"{record.location.key}: the model's tensor was written in place after its bytes were "
-        f"moved to {record.location.path}, and the compiled graphs read them from there, so "
-        "they would run on the old weights. Load new weights into the model before compiling "
-        "it (or into a new model, and compile that)"
+    raise ReplacedWeightError(
+        f"{location.key}: the model's tensor holds other bytes than those its plan reads from "
+        f"{location.path}: it was given them after the plan was made (``.data = ...``, "
+        "``module.to(dtype)``, an adapter merged into it)"
     )
 
 
@@ -99,20 +128,21 @@ def _remember(
 ) -> None:
     """Record that ``tensor``'s bytes are at ``location`` (rows of ``whole``'s), for as long
     as it lives."""
+    storage = tensor.untyped_storage()
     if whole is None:
-        _released[tensor] = _Released(location, tensor._version)
+        _released[tensor] = _Released(location, tensor._version, tensor.data_ptr(), storage)
     else:
         whole_record = _record(whole)
         assert whole_record is not None
         _released[tensor] = _Released(
-            location, tensor._version, weakref.ref(whole), whole_record.version
+            location, tensor._version, tensor.data_ptr(), storage, weakref.ref(whole), whole_record
         )
 
 
 def release(tensor: torch.Tensor, location: TensorLocation) -> None:
     """Give the tensor's RAM back: the same tensor object now holds its bytes in the file."""
-    _remember(tensor, location)
     tensor.data = _placeholder(location)
+    _remember(tensor, location)
 
 
 def released_rows(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor | None:

@@ -49,6 +49,7 @@ def _graph(frame: int | None, residency: dict[str, Residency], index: int = 0) -
         stale=None,
         lean=False,
         lean_pending=False,
+        replaced=None,
         chunks=None,
     )
 
@@ -178,6 +179,20 @@ def test_a_stale_graph_is_planned_again_before_it_runs() -> None:
     # one that can no longer be planned again is a clear error, not an empty tensor
     graph.replan, graph.stale, session.current = None, 3, None
     with pytest.raises(StalePlanError, match=r"graph 0 must be planned again \(graph 3's plan"):
+        session.enter(graph, ("x",))
+
+
+def test_a_graph_reading_a_replaced_weight_is_planned_again_before_it_runs() -> None:
+    session = Session.of(parse_options())
+    graph = _graph(0, {"w": READ_ONCE})
+    session.graphs.append(graph)
+    asked: list[Any] = []
+    graph.replan = lambda g, args, keep: asked.append((g, args, keep))
+    graph.replaced = "w: given other bytes"
+    session.enter(graph, ("x",))
+    assert asked == [(graph, ("x",), None)] and graph.replaced is None
+    graph.replan, graph.replaced, session.current = None, "w: given other bytes", None
+    with pytest.raises(StalePlanError, match=r"reads from disk changed \(w: given other"):
         session.enter(graph, ("x",))
 
 

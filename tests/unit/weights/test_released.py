@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tensortorrent_dynamo.errors import CheckpointError, OffloadError
+from tensortorrent_dynamo.errors import CheckpointError, OffloadError, ReplacedWeightError
 from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.weights import released
@@ -219,8 +219,28 @@ def test_a_disk_read_is_only_for_the_tensor_released_there(tmp_path: Path) -> No
         release(tensor, written[key])
     released.check_released(tensors["a"], written["a"])
     for other in (tensors["b"], torch.ones(8)):
-        with pytest.raises(OffloadError, match="a tensor other than the one its plan reads"):
+        with pytest.raises(ReplacedWeightError, match="holds other bytes than those its plan"):
             released.check_released(other, written["a"])
     tensors["a"].add_(1)
-    with pytest.raises(OffloadError, match="written in place"):
+    with pytest.raises(OffloadError, match="written in place") as raised:
         released.check_released(tensors["a"], written["a"])
+    assert not isinstance(raised.value, ReplacedWeightError), "planning again cannot mend it"
+
+
+def test_a_tensor_given_other_bytes_holds_its_own_again(tmp_path: Path) -> None:
+    """``.data = ...`` (``module.to(dtype)`` does it too) moves no version counter: the
+    tensor is no longer released (a plan made now plans it where it is), and a plan that
+    reads it from disk is refused. Rows of it alike."""
+    tensor = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    (location,) = write_safetensors(tmp_path / "t.safetensors", {"t": tensor.clone()}).values()
+    release(tensor, location)
+    rows = released.released_rows(tensor, 0, 2)
+    assert rows is not None
+    released.check_released(rows, location.rows(0, 2))
+    tensor.data = tensor.data * 2
+    assert released_location(tensor) is None and released_location(rows) is None
+    assert released.released_rows(tensor, 0, 2) is None
+    with pytest.raises(ReplacedWeightError, match="given them after the plan was made"):
+        released.check_released(tensor, location)
+    with pytest.raises(ReplacedWeightError):
+        released.check_released(rows, location.rows(0, 2))
