@@ -149,6 +149,28 @@ def test_entry_returning_every_layers_outputs_matches_eager(
         assert 0 < peak(compiled) <= budget_bytes(budget, model)
 
 
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    entry_cases([BY_NAME[name] for name in BFLOAT16_MODELS], (*BUDGETS, "disk"), False),
+)
+def test_entry_converted_after_compiling_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """Compiled and called in float32, then converted with ``model.to(bfloat16)`` and back
+    (each parameter keeps its object and is given new bytes; the buffers are new tensors):
+    each call matches the converted model run eagerly. Before, the copies kept on the
+    accelerator and the weights read from disk were of the old bytes (a wrong answer or a
+    dtype mismatch)."""
+    model = entry.build()
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16, torch.float32):
+            model.to(dtype)
+            kwargs = _bfloat16(entry.inputs(0)) if dtype == torch.bfloat16 else entry.inputs(0)
+            assert_same(compiled(**kwargs), model(**kwargs), f"in {dtype}")
+
+
 @pytest.mark.inductor
 def test_inductor_compiles_a_third_party_models_functional_graph() -> None:
     """The host segment of a real model compiles with Inductor, not falling back to eager
