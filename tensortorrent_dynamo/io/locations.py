@@ -32,6 +32,7 @@ __all__ = [
     "TensorLocation",
     "block_checksums",
     "checksum",
+    "dense",
 ]
 
 # CRC-32C with the CPU's crc32 instruction (the ``crc32c`` package) runs at about 12 GiB/s on
@@ -45,6 +46,19 @@ CHECKSUM = "crc32c"
 # so that a read of part of a tensor (a row chunk) is verified without the rest: the read is
 # widened to whole blocks (nothing for a whole tensor or a chunk on a block boundary).
 VERIFY_BLOCK_BYTES = 256 * 2**10
+
+
+def dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` lay out a tensor of ``shape`` over exactly as many elements as it
+    has, each once (in any order of its dimensions: row-major, ``channels_last``, ...)."""
+    if len(strides) != len(shape) or 0 in shape:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(shape, strides, strict=True), key=lambda d: (d[1], d[0])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def checksum(data: memoryview | bytes, value: int = 0) -> int:
@@ -173,7 +187,9 @@ class FileGuard:
 
 @dataclasses.dataclass(frozen=True)
 class TensorLocation:
-    """Where one tensor's bytes are: ``nbytes`` bytes at ``offset`` of ``path``, row-major."""
+    """Where one tensor's bytes are: ``nbytes`` bytes at ``offset`` of ``path``, row-major,
+    or in the order of ``strides`` (a dense tensor of another memory format, as
+    ``channels_last`` convolution weights are: its bytes as they are in memory)."""
 
     key: str
     path: Path
@@ -183,12 +199,23 @@ class TensorLocation:
     shape: tuple[int, ...]
     # what the file is known to hold: a read of a guarded location is verified before use
     guard: FileGuard | None = dataclasses.field(default=None, compare=False, repr=False)
+    # the tensor's strides, where its bytes are not row-major
+    strides: tuple[int, ...] | None = None
+
+    def tensor(self, flat: torch.Tensor) -> torch.Tensor:
+        """The tensor whose bytes ``flat`` (1-D, of this location's dtype) holds: of its
+        shape, and of its strides where they are not row-major."""
+        if self.strides is None:
+            return flat.view(self.shape)
+        return flat.as_strided(self.shape, self.strides)
 
     def rows(self, start: int, stop: int) -> TensorLocation:
         """Where rows ``start:stop`` (along the first dimension) of this tensor are: a
         contiguous byte range of the same stored tensor (the same ``key``)."""
         if not self.shape or not 0 <= start < stop <= self.shape[0]:
             raise ValueError(f"{self.key}: no rows {start}:{stop} in shape {list(self.shape)}")
+        if self.strides is not None:
+            raise ValueError(f"{self.key}: its rows are not contiguous (strides {self.strides})")
         row_bytes = self.nbytes // self.shape[0]
         return dataclasses.replace(
             self,

@@ -463,7 +463,7 @@ class DiskReader:
             # may not align their tensors, so move the bytes to the (aligned) buffer start.
             ctypes.memmove(buffer.data_ptr(), buffer.data_ptr() + start, loc.nbytes)
             start = 0
-        tensor = buffer[start : start + loc.nbytes].view(loc.dtype).view(loc.shape)
+        tensor = loc.tensor(buffer[start : start + loc.nbytes].view(loc.dtype))
         with self._lock:
             self._bytes_read += loc.nbytes
         job.future.set_result(ReadResult(tensor, buffer))

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import CheckpointError, OffloadError
 from . import page_cache
-from .locations import TensorLocation, block_checksums
+from .locations import TensorLocation, block_checksums, dense
 from .page_cache import _round_up
 
 __all__ = ["safetensors_locations", "write_safetensors"]
@@ -68,17 +68,55 @@ def _dtype_name(key: str, dtype: torch.dtype) -> str:
     return name
 
 
-def _tensor_bytes(key: str, tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes in row-major order.
+def _tensor_bytes(key: str, tensor: torch.Tensor, as_in_memory: bool = False) -> memoryview:
+    """The tensor's bytes in row-major order; with ``as_in_memory``, those of a dense tensor
+    of another memory format as they are in memory (see :func:`_strides`).
 
-    A view of its own memory when it is a contiguous CPU tensor (no copy); otherwise a
-    contiguous CPU copy. Reinterpreting as uint8 first lets numpy expose dtypes it lacks
-    (bfloat16, float8).
+    A view of its own memory when it is a contiguous CPU tensor (or, with ``as_in_memory``,
+    a dense one: no copy); otherwise a contiguous CPU copy. Reinterpreting as uint8 first
+    lets numpy expose dtypes it lacks (bfloat16, float8).
     """
     if tensor.device.type == "meta":
         raise OffloadError(f"{key} is on the meta device: it has no bytes to store")
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    tensor = tensor.detach().to("cpu")
+    if as_in_memory and _strides(tensor) is not None:
+        flat = tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+    else:
+        flat = tensor.contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().data
+
+
+def _strides(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides of a dense tensor that is not row-major (``channels_last``), whose bytes
+    are stored as they are in memory so that the tensor read back has its strides (the
+    graphs were traced with them, and Dynamo's guards hold to them); ``None`` for the
+    rest, stored row-major."""
+    strides = tuple(tensor.stride())
+    if strides == _row_major(tensor.shape) or not dense(tensor.shape, strides):
+        return None
+    return strides
+
+
+def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a row-major tensor of ``shape``, as torch gives them (those of a
+    dimension of size 1 too, which Dynamo's guards compare: a ``channels_last`` 1x1
+    convolution weight is contiguous for ``is_contiguous()``, not for them)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _stored_shape(tensor: torch.Tensor, as_in_memory: bool) -> list[int]:
+    """The shape the file's header gives ``tensor``: its own, or, for one stored as it is
+    in memory, its dimensions from the outermost in memory (a row-major tensor of the same
+    bytes: ``tensor.permute(order)``, which other readers load as such)."""
+    if not as_in_memory or _strides(tensor) is None:
+        return list(tensor.shape)
+    strides = tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda d: -strides[d])
+    return [tensor.shape[d] for d in order]
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -196,8 +234,12 @@ def _tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Written:
-    """Write ``tensors`` as the safetensors file ``path``, atomically.
+def _write_file(
+    path: Path, tensors: Sequence[tuple[str, torch.Tensor]], as_in_memory: bool = False
+) -> _Written:
+    """Write ``tensors`` as the safetensors file ``path``, atomically; with
+    ``as_in_memory``, a dense tensor of another memory format as it is in memory (the
+    offload store's, whose manifest keeps its strides: :func:`_strides`), else row-major.
 
     The data starts at a multiple of 64 bytes, and the tensors whose size is a multiple of 64
     bytes come first (the format allows no gap between tensors), so each of them starts at a
@@ -218,7 +260,7 @@ def _write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Wri
         nbytes = _tensor_nbytes(tensor)
         header[key] = {
             "dtype": _dtype_name(key, tensor.dtype),
-            "shape": list(tensor.shape),
+            "shape": _stored_shape(tensor, as_in_memory),
             "data_offsets": [offset, offset + nbytes],
         }
         offset += nbytes
@@ -229,7 +271,7 @@ def _write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Wri
     with _atomic_create(path) as file:
         file.write(head)
         for key, tensor in ordered:
-            file.write(_tensor_bytes(key, tensor))
+            file.write(_tensor_bytes(key, tensor, as_in_memory))
     start = len(head)
     return _Written(
         locations={
@@ -240,6 +282,7 @@ def _write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]]) -> _Wri
                 tensor.numel() * tensor.element_size(),
                 tensor.dtype,
                 tuple(tensor.shape),
+                strides=_strides(tensor) if as_in_memory else None,
             )
             for key, tensor in tensors
         },

@@ -35,6 +35,7 @@ from .locations import (
     TensorLocation,
     block_checksums,
     checksum,
+    dense,
 )
 from .page_cache import _round_up
 from .pool import HostBufferPool
@@ -45,6 +46,7 @@ from .safetensors import (
     _TEMP_PREFIX,
     _atomic_create,
     _dtype_name,
+    _strides,
     _tensor_bytes,
     _write_file,
 )
@@ -95,9 +97,13 @@ class _Entry:
     dtype: str
     shape: tuple[int, ...]
     sums: tuple[int, ...]
+    # its strides, for a tensor stored as it is in memory (``TensorLocation.strides``)
+    strides: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sums", tuple(self.sums))
+        if self.strides is not None:
+            object.__setattr__(self, "strides", tuple(self.strides))
 
 
 @dataclasses.dataclass
@@ -163,13 +169,17 @@ class OffloadStore:
             manifest = self._load()
             for key, tensor in tensors.items():
                 _dtype_name(key, tensor.dtype)
-            sums = {key: block_checksums(_tensor_bytes(key, t)) for key, t in tensors.items()}
+            sums = {
+                key: block_checksums(_tensor_bytes(key, t, as_in_memory=True))
+                for key, t in tensors.items()
+            }
             stored = {
                 key
                 for key, tensor in tensors.items()
                 if (entry := manifest.tensors.get(key)) is not None
                 and entry.dtype == _DTYPE_NAMES[tensor.dtype]
                 and entry.shape == tuple(tensor.shape)
+                and entry.strides == _strides(tensor)
                 and entry.sums == sums[key]
             }
             damage = self._scan(manifest, stored)
@@ -236,7 +246,10 @@ class OffloadStore:
             if unsourced:
                 raise self._corrupt_error(unsourced, "and no source was given for them")
             todo = {key: sources[key] for d in damage for key in d.keys}
-            sums = {key: block_checksums(_tensor_bytes(key, t)) for key, t in todo.items()}
+            sums = {
+                key: block_checksums(_tensor_bytes(key, t, as_in_memory=True))
+                for key, t in todo.items()
+            }
             self._commit(manifest, todo, sums)
             return sorted(todo)
 
@@ -277,6 +290,10 @@ class OffloadStore:
                 str(k): _Entry(**{**e, "shape": tuple(e["shape"])})
                 for k, e in data["tensors"].items()
             }
+            if any(
+                e.strides is not None and not dense(e.shape, e.strides) for e in tensors.values()
+            ):
+                raise ValueError("a tensor's strides do not lay out its bytes densely")
             if any(_SHARD_NAME.fullmatch(name) is None for name in shards):
                 raise ValueError("a shard has a name this store does not write")
             if any(e.shard not in shards or e.dtype not in _DTYPES for e in tensors.values()):
@@ -285,6 +302,8 @@ class OffloadStore:
             for item in items:
                 for field in dataclasses.fields(item):  # every field not a str holds counts
                     value = getattr(item, field.name)
+                    if value is None and field.name == "strides":
+                        continue
                     counts = value if isinstance(value, tuple) else (value,)
                     if field.type != "str" and not all(type(n) is int and n >= 0 for n in counts):
                         raise ValueError(f"{field.name} is {value!r}, not a count")
@@ -337,6 +356,7 @@ class OffloadStore:
                 _DTYPES[entry.dtype],
                 entry.shape,
                 guards[entry.shard],
+                entry.strides,
             )
         return locations
 
@@ -423,7 +443,7 @@ class OffloadStore:
                 for group in self._pack(todo):
                     name = f"shard-{secrets.token_hex(8)}.safetensors"
                     new.append(self.directory / name)
-                    written = _write_file(new[-1], [(k, todo[k]) for k in group])
+                    written = _write_file(new[-1], [(k, todo[k]) for k in group], as_in_memory=True)
                     manifest.shards[name] = _Shard(
                         written.size, written.data_start, written.header_sums
                     )
@@ -435,6 +455,7 @@ class OffloadStore:
                             _DTYPE_NAMES[loc.dtype],
                             loc.shape,
                             sums[key],
+                            loc.strides,
                         )
                 used = {e.shard for e in manifest.tensors.values()}
                 manifest.shards = {n: s for n, s in manifest.shards.items() if n in used}

@@ -163,7 +163,7 @@ def _placeholder(location: TensorLocation) -> torch.Tensor:
     flat = _mapped(location)
     if flat is None:
         return _empty(location)
-    return flat.view(location.dtype).view(location.shape)
+    return location.tensor(flat.view(location.dtype))
 
 
 def _empty(location: TensorLocation) -> torch.Tensor:
@@ -172,7 +172,10 @@ def _empty(location: TensorLocation) -> torch.Tensor:
     ``torch.empty`` reserves address space only; the pages are never touched before the
     storage is resized to nothing, so the placeholder never costs RAM.
     """
-    tensor = torch.empty(location.shape, dtype=location.dtype)
+    if location.strides is None:
+        tensor = torch.empty(location.shape, dtype=location.dtype)
+    else:
+        tensor = torch.empty_strided(location.shape, location.strides, dtype=location.dtype)
     tensor.untyped_storage().resize_(0)
     return tensor
 

@@ -51,6 +51,8 @@ def _case_key(nodeid: str) -> str:
         return f"cuda placement of generate budget={parts[-1]} cache={parts[1]}"
     if test == "test_entry_returning_every_layers_outputs_matches_eager":
         return f"forward with every layer's outputs budget={parts[-1]}"
+    if test == "test_entry_in_channels_last_matches_eager":
+        return f"forward in channels_last budget={parts[-1]}"
     if test == "test_entry_converted_after_compiling_matches_eager":
         return f"converted after compiling budget={parts[-1]}"
     if test == "test_a_model_used_several_ways_in_one_process_matches_eager":

@@ -1186,6 +1186,10 @@ BUDGETS = ("none", "third")
 # run: a decoder LM, an encoder-decoder, an MMDiT and a UNet
 BFLOAT16_MODELS = ("llama", "t5", "flux", "unet2d_condition")
 
+# the convolution models also run in ``channels_last`` (as diffusers' and torchvision's
+# guides advise on GPUs): their 4-D weights are dense but not row-major
+CHANNELS_LAST_MODELS = ("resnet", "convnext", "unet2d_condition", "autoencoder_kl")
+
 # run asking for every layer's hidden states and attention maps too (``output_attentions``
 # makes each layer break the graph: every layer calls one frame's graphs with its weights)
 EVERY_OUTPUT_MODELS = ("llama", "t5", "bert")

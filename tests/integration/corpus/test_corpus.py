@@ -27,7 +27,15 @@ from .harness import (
     options,
     peak,
 )
-from .models import BFLOAT16_MODELS, BUDGETS, BY_NAME, ENTRIES, EVERY_OUTPUT_MODELS, Entry
+from .models import (
+    BFLOAT16_MODELS,
+    BUDGETS,
+    BY_NAME,
+    CHANNELS_LAST_MODELS,
+    ENTRIES,
+    EVERY_OUTPUT_MODELS,
+    Entry,
+)
 
 
 @pytest.mark.parametrize(("entry", "budget"), entry_cases(ENTRIES, BUDGETS))
@@ -121,6 +129,23 @@ def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Pa
     compiled, _ = _streamed_calls_match_eager(model, calls, budget, tmp_path)
     streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
     assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    entry_cases([BY_NAME[name] for name in CHANNELS_LAST_MODELS], ("third", "disk"), False),
+)
+def test_entry_in_channels_last_matches_eager(entry: Entry, budget: str, tmp_path: Path) -> None:
+    """The model in ``channels_last`` (its convolution weights dense, not row-major),
+    streamed at a third of its parameters' bytes (to the virtual device, or from disk under
+    a host budget): two calls match eager. On disk, a weight is stored as it is in memory
+    and read back with its strides: stored row-major, its tensor changed strides under
+    Dynamo's guards, which then failed on the frame just compiled."""
+    model = entry.build().to(memory_format=torch.channels_last)
+    calls = [entry.inputs(0), entry.inputs(1)]
+    compiled, _ = _streamed_calls_match_eager(model, calls, budget, tmp_path)
+    if budget == "disk":
+        assert any(r.reads_from_disk for g in compiled.graphs for r in g.plan.residency)
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,9 @@ def test_round_trip_in_shards_that_safetensors_reads(tmp_path: Path) -> None:
     files = shards(store)
     assert len(files) > 1, "shard_bytes splits the tensors"
     loaded = {k: v for f in files for k, v in safetensors.torch.load_file(f).items()}
-    assert all(torch.equal(loaded[k], t) for k, t in weights.items())
+    # the transposed weight is stored as it is in memory: its transpose, row-major
+    assert all(torch.equal(loaded[k], t) for k, t in weights.items() if k != "layers.1.weight")
+    assert torch.equal(loaded["layers.1.weight"], weights["layers.1.weight"].t())
     manifest = json.loads((store.directory / "manifest.json").read_text())
     assert manifest["format"] == "tensortorrent-offload/2" and manifest["checksum"] == "crc32c"
 
@@ -96,9 +98,11 @@ def test_writing_the_same_tensors_again_writes_nothing(
     files_written: list[Path] = []
     real_write_file = store_io._write_file
 
-    def counting(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> safetensors_io._Written:
+    def counting(
+        path: Path, tensors: list[tuple[str, torch.Tensor]], as_in_memory: bool = False
+    ) -> safetensors_io._Written:
         files_written.append(path)
-        return real_write_file(path, tensors)
+        return real_write_file(path, tensors, as_in_memory)
 
     monkeypatch.setattr(store_io, "_write_file", counting)
     again = OffloadStore(tmp_path).write({k: t.clone() for k, t in weights.items()})
@@ -314,4 +318,47 @@ def test_a_manifest_whose_checksums_do_not_cover_a_tensor_is_refused(tmp_path: P
     manifest["tensors"]["big"]["sums"].pop()
     path.write_text(json.dumps(manifest))
     with pytest.raises(OffloadCorruptError, match="does not cover its bytes"):
+        store.locations(verify=False)
+
+
+def test_a_dense_tensor_of_another_memory_format_is_stored_as_it_is_in_memory(
+    tmp_path: Path,
+) -> None:
+    """A ``channels_last`` weight (and a 1x1 one, row-major for ``is_contiguous()`` but not
+    in its strides) is stored in its memory order and read back with its strides, which
+    Dynamo's guards compare (a transposed one too); the file is a valid safetensors file of
+    the permuted tensor, and the manifest keeps the strides."""
+    g = torch.Generator().manual_seed(0)
+    weights = {
+        "conv": torch.randn(8, 3, 2, 5, generator=g).to(memory_format=torch.channels_last),
+        "conv1x1": torch.randn(8, 4, 1, 1, generator=g).to(memory_format=torch.channels_last),
+        "transposed": torch.randn(6, 4, generator=g).t(),
+    }
+    store = OffloadStore(tmp_path / "store")
+    written = store.write(weights)
+    assert written["conv"].strides == weights["conv"].stride() == (30, 1, 15, 3)
+    assert written["conv1x1"].strides == (4, 1, 4, 4)
+    assert written["transposed"].strides == (1, 4)
+    assert OffloadStore(tmp_path / "store").locations() == written
+    for key, tensor in read_all(written).items():
+        assert tensor.stride() == weights[key].stride(), key
+        assert torch.equal(tensor, weights[key]), key
+    (path,) = shards(store)
+    loaded = safetensors.torch.load_file(path)
+    assert torch.equal(loaded["conv"], weights["conv"].permute(0, 2, 3, 1))
+    # written again as they are: nothing to write; row-major now: written again
+    assert store.write(weights) == written
+    moved = store.write({"conv": weights["conv"].contiguous()})
+    assert moved["conv"].strides is None
+
+
+def test_a_manifest_whose_strides_overlap_is_refused(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "store")
+    store.write({"conv": torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last)})
+    path = store.directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["tensors"]["conv"]["strides"] == [12, 1, 6, 3]
+    manifest["tensors"]["conv"]["strides"] = [12, 1, 6, 1]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(OffloadCorruptError, match="do not lay out its bytes densely"):
         store.locations(verify=False)

@@ -14,6 +14,7 @@ from torch import nn
 from tensortorrent_dynamo.errors import CheckpointError, OffloadError, ReplacedWeightError
 from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
+from tensortorrent_dynamo.io.store import OffloadStore
 from tensortorrent_dynamo.weights import released
 from tensortorrent_dynamo.weights.released import bind_checkpoint, release, released_location
 from tests.mapped import holds_its_file
@@ -244,3 +245,20 @@ def test_a_tensor_given_other_bytes_holds_its_own_again(tmp_path: Path) -> None:
         released.check_released(tensor, location)
     with pytest.raises(ReplacedWeightError):
         released.check_released(rows, location.rows(0, 2))
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_released_tensor_keeps_its_strides(tmp_path: Path, mapped: bool) -> None:
+    """Dynamo guards on a weight's strides: released, a ``channels_last`` weight keeps them,
+    mapped over its bytes as the offload store keeps them (as they are in memory), or
+    holding none (a file that cannot be mapped)."""
+    tensor = torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last)
+    values = tensor.clone()
+    (location,) = OffloadStore(tmp_path / "store").write({"t": tensor.clone()}).values()
+    if not mapped:
+        os.truncate(location.path, location.offset + 4)
+    release(tensor, location)
+    strides = tensor.stride()
+    assert strides == (12, 1, 6, 3)
+    if mapped:
+        assert torch.equal(tensor, values)
