@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +34,9 @@ class CompiledModule(torch.nn.Module):
         self.model = model
         self.backend = backend
         self.compiled = torch.compile(model, backend=backend)
+        # the model's forward compiled with the backend, for ``generate()`` (made at its
+        # first call)
+        self._compiled_forward: Any = None
         self._disk_bytes_read = 0
 
     @property
@@ -48,18 +52,42 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         before = self._disk_bytes_total()
-        try:
+        with _own_errors():
             out = self.compiled(*args, **kwargs)
-            after = self._disk_bytes_total()
-            if after is not None:
-                # a plain attribute write: ``nn.Module.__setattr__`` costs microseconds
-                self.__dict__["_disk_bytes_read"] = after - (before or 0)
-            return out
-        except torch._dynamo.exc.BackendCompilerFailed as exc:
-            # Dynamo wraps whatever a backend raises; our own errors say more alone.
-            if isinstance(exc.inner_exception, TensorTorrentError):
-                raise exc.inner_exception from None
-            raise
+        after = self._disk_bytes_total()
+        if after is not None:
+            # a plain attribute write: ``nn.Module.__setattr__`` costs microseconds
+            self.__dict__["_disk_bytes_read"] = after - (before or 0)
+        return out
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's ``generate()`` (transformers'), each step's forward run by the plans.
+
+        For the call, the model's ``forward`` is compiled with this module's backend (as
+        transformers' docs advise for ``torch.compile``): its graphs are among
+        :attr:`graphs`, so ``explain()``, ``save()`` and ``tt.load`` cover them. Pass a
+        static cache (``cache_implementation="static"``) for one prefill and one decode
+        graph rather than one per length. Transformers' own compile of the forward is
+        turned off (``disable_compile=True``) unless asked for: it would take the place of
+        these plans."""
+        model = self.model
+        generate = getattr(model, "generate", None)
+        if not callable(generate):
+            raise AttributeError(f"{type(model).__name__} has no generate()")
+        own = model.__dict__.get("forward")  # a forward the user set on the instance
+        if self._compiled_forward is None:
+            self._compiled_forward = torch.compile(model.forward, backend=self.backend)
+        if hasattr(getattr(model, "generation_config", None), "disable_compile"):
+            kwargs.setdefault("disable_compile", True)
+        model.forward = self._compiled_forward
+        try:
+            with _own_errors():
+                return generate(*args, **kwargs)
+        finally:
+            if own is None:
+                del model.forward
+            else:
+                model.forward = own
 
     def explain(self) -> str:
         return explain(self.graphs)
@@ -122,6 +150,18 @@ class CompiledModule(torch.nn.Module):
             for name, dev in graph.runtime.virtual.items():
                 peaks[name] = max(peaks.get(name, 0), dev.ledger.peak)
         return peaks
+
+
+@contextlib.contextmanager
+def _own_errors() -> Iterator[None]:
+    """Raise the errors of ours Dynamo wraps (in whatever a backend raises) as they are:
+    they say more alone."""
+    try:
+        yield
+    except torch._dynamo.exc.BackendCompilerFailed as exc:
+        if isinstance(exc.inner_exception, TensorTorrentError):
+            raise exc.inner_exception from None
+        raise
 
 
 def compile(

@@ -246,3 +246,43 @@ def test_a_model_used_several_ways_in_one_process_matches_eager(
         limit = budget_bytes(budget, model)
         over = [(i, p) for i, p in enumerate(forward.peaks) if not 0 < p <= limit]
         assert not over, f"calls whose measured peak on {DEVICE} is not within {limit} B: {over}"
+
+
+@pytest.mark.parametrize(
+    ("name", "budget"),
+    [
+        pytest.param(name, budget, id=f"{name}-{budget}")
+        for name in ("llama", "t5")
+        for budget in ("third", "disk")
+    ],
+)
+@pytest.mark.corpus
+def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
+    name: str, budget: str, tmp_path: Path
+) -> None:
+    """``tt.compile(model).generate(...)``: the model's forward is compiled with the
+    module's backend for the call, so its prefill and decode graphs are the module's (in
+    ``explain()``, saved by ``save()``). Generated again with the saved plans (``tt.load``,
+    a fresh copy of the model, after ``torch._dynamo.reset()``), the tokens are eager's
+    and the plans the saved ones; the model's own forward is left as it was."""
+    model = BY_NAME[name].build()
+    fresh, reference = copy.deepcopy(model), copy.deepcopy(model)
+    opts = disk_options(model, tmp_path / "offload") if budget == "disk" else options(budget, model)
+    prompt = _prompts()[1]
+    kwargs = {**_generate_kwargs("static"), "input_ids": prompt}
+    del kwargs["disable_compile"]  # the compiled module turns transformers' compile off
+    with torch.no_grad():
+        expected = reference.generate(**kwargs, disable_compile=True)
+        compiled = tt.compile(model, **opts)
+        torch.testing.assert_close(compiled.generate(**kwargs), expected, rtol=0, atol=0)
+    assert "forward" not in model.__dict__
+    hashes = compiled.plan_hashes()
+    assert len(hashes) >= 2, "prefill and decode are graphs of the compiled module"
+    assert "Workload" in compiled.explain()
+    compiled.save(tmp_path / "plan.json")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        replayed = tt.load(tmp_path / "plan.json", fresh)
+        torch.testing.assert_close(replayed.generate(**kwargs), expected, rtol=0, atol=0)
+    assert replayed.plan_hashes() == hashes
