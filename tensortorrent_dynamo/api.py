@@ -43,6 +43,17 @@ class CompiledModule(torch.nn.Module):
     def graphs(self) -> list[CompiledGraph]:
         return self.backend.graphs
 
+    def __getattr__(self, name: str) -> Any:
+        # what this module lacks is the model's (``config``, ``device``, ``dtype``, its
+        # methods), as for torch.compile's module: code written for the model, a diffusers
+        # pipeline given the compiled UNet, keeps working
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "model":
+                raise
+            return getattr(self.model, name)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # nn.Module's call machinery costs microseconds a call: only a module with hooks
         # needs it

@@ -57,6 +57,8 @@ def _case_key(nodeid: str) -> str:
         return f"converted after compiling budget={parts[-1]}"
     if test == "test_generate_through_the_compiled_module_is_explained_saved_and_replayed":
         return f"generate through tt.compile, saved and replayed budget={parts[-1]}"
+    if test == "test_a_pipeline_with_compiled_modules_matches_eager":
+        return f"diffusers pipeline budget={parts[-1]}"
     if test == "test_a_model_used_several_ways_in_one_process_matches_eager":
         return f"used several ways budget={parts[-1]}"
     return f"generate budget={parts[-1]} cache={parts[1]}"
