@@ -219,10 +219,18 @@ def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int
     """Point every meta parameter and buffer of ``model`` at its bytes in the safetensors
     file ``path``; returns how many were bound. Nothing is read but the file's header.
 
+    A checkpoint holds a tied weight once, under one of its names (transformers' keep the
+    input embedding, not the output head): a model with a ``tie_weights()`` method
+    (transformers') has it called first, as ``from_pretrained`` does, since a model built
+    under ``accelerate.init_empty_weights`` is not tied yet.
+
     Raises :class:`CheckpointError` when a meta tensor is missing from the file or differs
     from it in shape or dtype.
     """
     locations = _guarded(safetensors_locations(path), Path(os.path.abspath(path)))
+    tie_weights = getattr(model, "tie_weights", None)
+    if callable(tie_weights):
+        tie_weights()
     bound = 0
     seen: dict[int, torch.Tensor] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
@@ -275,8 +283,12 @@ def _find(
     if location is None:
         raise CheckpointError(
             f"{path}: no tensor named {fqn!r}; the model's {fqn} is on the meta device, so "
-            "its weights must be in the checkpoint (buffers computed at construction can be "
-            "kept real with accelerate.init_empty_weights(include_buffers=False))"
+            "its weights must be in the checkpoint under the model's own names (buffers "
+            "computed at construction can be kept real with "
+            "accelerate.init_empty_weights(include_buffers=False)). A checkpoint whose names "
+            "are not the model's (transformers renames some weights and splits fused experts "
+            "when saving, and undoes it when loading) cannot be read in place: write one of "
+            "the model's state_dict (safetensors.torch.save_model)"
         )
     if tuple(location.shape) != tuple(tensor.shape) or location.dtype != tensor.dtype:
         raise CheckpointError(

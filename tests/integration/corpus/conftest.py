@@ -59,6 +59,10 @@ def _case_key(nodeid: str) -> str:
         return f"generate through tt.compile, saved and replayed budget={parts[-1]}"
     if test == "test_a_pipeline_with_compiled_modules_matches_eager":
         return f"diffusers pipeline budget={parts[-1]}"
+    if test == "test_entry_built_on_meta_runs_from_the_checkpoint_it_saved":
+        return f"built on meta, from its saved checkpoint budget={parts[-1]}"
+    if test == "test_a_checkpoint_whose_names_are_not_the_models_is_refused_with_the_way_out":
+        return "a converted checkpoint refused"
     if test == "test_a_model_used_several_ways_in_one_process_matches_eager":
         return f"used several ways budget={parts[-1]}"
     return f"generate budget={parts[-1]} cache={parts[1]}"

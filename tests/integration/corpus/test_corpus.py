@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -25,6 +25,7 @@ from .harness import (
     disk_options,
     entry_cases,
     options,
+    param_bytes,
     peak,
 )
 from .models import (
@@ -194,6 +195,72 @@ def test_entry_converted_after_compiling_matches_eager(
             model.to(dtype)
             kwargs = _bfloat16(entry.inputs(0)) if dtype == torch.bfloat16 else entry.inputs(0)
             assert_same(compiled(**kwargs), model(**kwargs), f"in {dtype}")
+
+
+def _built_on_meta(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``'s architecture built on the meta device as its users build it (its
+    buffers real: rotary tables are computed at construction); not tied yet."""
+    from accelerate import init_empty_weights
+
+    cls: Any = type(model)
+    config: Any = getattr(model, "config", None)
+    with init_empty_weights(include_buffers=False):
+        # diffusers' models are built from their config's values, transformers' from it
+        meta = cls.from_config(config) if not hasattr(config, "model_type") else cls(config)
+    return cast("torch.nn.Module", meta.eval())
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    entry_cases(
+        [BY_NAME[name] for name in ("llama", "gpt2", "t5", "bert", "whisper", "flux")],
+        ("none", "disk"),
+        False,
+    ),
+)
+def test_entry_built_on_meta_runs_from_the_checkpoint_it_saved(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """``save_pretrained`` writes the checkpoint (a tied weight once: GPT-2's, T5's and
+    BERT's output heads are their embeddings); the model built again on the meta device
+    runs from it, in RAM (no budget) or with a third of its bytes in RAM and the rest read
+    from the file: two calls match the saved model's. The tied heads were refused as
+    missing from the file."""
+    reference = entry.build()
+    reference.save_pretrained(tmp_path / "saved")  # type: ignore[operator]
+    (checkpoint,) = (tmp_path / "saved").glob("*.safetensors")
+    model = _built_on_meta(reference)
+    opts: dict[str, Any] = {"checkpoint": str(checkpoint), "compiler": "eager"}
+    if budget == "disk":
+        opts |= {"budgets": {"cpu": param_bytes(reference) // 3}, "offload_dir": str(tmp_path)}
+    compiled = tt.compile(model, **opts)
+    for i in range(2):
+        with INFERENCE_CONTEXTS[i]():
+            assert_same(compiled(**entry.inputs(i)), reference(**entry.inputs(i)), f"call {i}")
+
+
+@pytest.mark.corpus
+def test_a_checkpoint_whose_names_are_not_the_models_is_refused_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    """Transformers splits a mixture of experts' fused weights when it saves them (and
+    fuses them again when it loads): such a file cannot be read in place, and the error
+    says which to write instead, which then runs."""
+    import safetensors.torch
+
+    entry = BY_NAME["qwen3_moe"]
+    reference = entry.build()
+    reference.save_pretrained(tmp_path / "saved")  # type: ignore[operator]
+    with pytest.raises(tt.CheckpointError, match=r"experts\.gate_up_proj.*save_model"):
+        tt.compile(
+            _built_on_meta(reference), checkpoint=str(tmp_path / "saved" / "model.safetensors")
+        )
+    safetensors.torch.save_model(reference, str(tmp_path / "own.safetensors"))
+    compiled = tt.compile(
+        _built_on_meta(reference), checkpoint=str(tmp_path / "own.safetensors"), compiler="eager"
+    )
+    with torch.no_grad():
+        assert_same(compiled(**entry.inputs(0)), reference(**entry.inputs(0)))
 
 
 @pytest.mark.inductor

@@ -111,6 +111,30 @@ def test_tied_weights_share_one_placeholder(tmp_path: Path) -> None:
     assert location.offset == written["head.weight"].offset
 
 
+class TiedLater(Tied):
+    """Built untied, as transformers' models are under ``accelerate.init_empty_weights``:
+    ``tie_weights()`` ties them, as ``from_pretrained`` would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
+
+    def tie_weights(self) -> None:
+        self.head.weight = self.emb.weight
+
+
+def test_a_model_tied_only_by_tie_weights_is_tied_before_it_is_bound(tmp_path: Path) -> None:
+    """The checkpoint holds the tied weight once (the embedding's): the head, untied on the
+    meta device, is tied to it rather than refused as missing from the file."""
+    _checkpoint(tmp_path / "model.safetensors", _unique_state(_real()))
+    with torch.device("meta"):
+        model = TiedLater()
+    assert model.head.weight is not model.emb.weight
+    assert bind_checkpoint(model, tmp_path / "model.safetensors") == 4
+    assert model.head.weight is model.emb.weight
+    torch.testing.assert_close(model.head.weight, _real().emb.weight, rtol=0, atol=0)
+
+
 def test_tensors_already_real_are_left_alone(tmp_path: Path) -> None:
     _checkpoint(tmp_path / "model.safetensors", _unique_state(_real()))
     model = _meta()
