@@ -163,6 +163,17 @@ def entry_cases(entries: Any, budgets: Any, known_failures: bool = True) -> list
     return cases
 
 
+def quick_only(cases: list[Any], quick: set[str]) -> list[Any]:
+    """``cases`` with only those whose id is in ``quick`` left in the quick subset (the rest
+    marked ``corpus_full``): a check whose every case would cost ``make check`` too much."""
+    return [
+        case
+        if case.id in quick
+        else pytest.param(*case.values, id=case.id, marks=[*case.marks, pytest.mark.corpus_full])
+        for case in cases
+    ]
+
+
 def known_failure(reason: str) -> pytest.MarkDecorator:
     """The strict xfail of a known failure; the reason's first word names the exception it
     must raise, so that a different failure is not taken for it."""

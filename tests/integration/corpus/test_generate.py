@@ -255,10 +255,8 @@ def test_a_model_used_several_ways_in_one_process_matches_eager(
             name,
             budget,
             id=f"{name}-{budget}",
-            # two of the four in the quick subset
-            marks=[]
-            if (name, budget) in {("llama", "third"), ("t5", "disk")}
-            else [pytest.mark.corpus_full],
+            # one of the four in the quick subset
+            marks=[] if (name, budget) == ("t5", "disk") else [pytest.mark.corpus_full],
         )
         for name in ("llama", "t5")
         for budget in ("third", "disk")
