@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,8 +36,11 @@ class CompiledModule(torch.nn.Module):
         self.backend = backend
         self.compiled = torch.compile(model, backend=backend)
         # the model's forward compiled with the backend, for ``generate()`` (made at its
-        # first call)
+        # first call); the generate() calls running, and the forward the model had before
         self._compiled_forward: Any = None
+        self._generating = 0
+        self._generating_lock = threading.Lock()
+        self._own_forward: Any = None
         self._disk_bytes_read = 0
 
     @property
@@ -85,20 +89,33 @@ class CompiledModule(torch.nn.Module):
         generate = getattr(model, "generate", None)
         if not callable(generate):
             raise AttributeError(f"{type(model).__name__} has no generate()")
-        own = model.__dict__.get("forward")  # a forward the user set on the instance
-        if self._compiled_forward is None:
-            self._compiled_forward = torch.compile(model.forward, backend=self.backend)
         if hasattr(getattr(model, "generation_config", None), "disable_compile"):
             kwargs.setdefault("disable_compile", True)
-        model.forward = self._compiled_forward
+        with self._forward_compiled(model), _own_errors():
+            return generate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _forward_compiled(self, model: torch.nn.Module) -> Iterator[None]:
+        """``model.forward`` compiled with the backend while a ``generate()`` runs; several
+        threads generating at once share it, and the last to finish puts back the forward
+        the model had (the class's, or one the user set on the instance)."""
+        with self._generating_lock:
+            if self._generating == 0:
+                self._own_forward = model.__dict__.get("forward")
+                if self._compiled_forward is None:
+                    self._compiled_forward = torch.compile(model.forward, backend=self.backend)
+                model.forward = self._compiled_forward
+            self._generating += 1
         try:
-            with _own_errors():
-                return generate(*args, **kwargs)
+            yield
         finally:
-            if own is None:
-                del model.forward
-            else:
-                model.forward = own
+            with self._generating_lock:
+                self._generating -= 1
+                if self._generating == 0:
+                    if self._own_forward is None:
+                        del model.forward
+                    else:
+                        model.forward = self._own_forward
 
     def explain(self) -> str:
         return explain(self.graphs)

@@ -18,6 +18,7 @@ compiling, and ``model.forward = torch.compile(...)`` gives no ``CompiledModule`
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,64 @@ def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
         replayed = tt.load(tmp_path / "plan.json", fresh)
         torch.testing.assert_close(replayed.generate(**kwargs), expected, rtol=0, atol=0)
     assert replayed.plan_hashes() == hashes
+
+
+@pytest.mark.corpus
+def test_generate_through_the_compiled_module_from_two_threads_at_once() -> None:
+    """A server's threads generating at once through one compiled module: the second
+    starts while the first is in the middle of its ``generate()``, and goes on after the
+    first has finished. Every step of both is run by the plans (the first to finish does
+    not put the model's own forward back under the other), both get eager's tokens, and
+    the model's forward is as it was afterwards."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    model = BY_NAME["llama"].build()
+    reference = copy.deepcopy(model)
+    compiled = tt.compile(model, **options("third", model))
+    prompts = _prompts()
+    kwargs = _generate_kwargs("static")
+    with torch.no_grad():
+        expected = [reference.generate(input_ids=p, **kwargs) for p in prompts]
+        compiled.generate(input_ids=prompts[1], **kwargs)  # compiled before the threads start
+
+    class PauseOnce(LogitsProcessor):
+        """Waits, at the first step, until told to go on."""
+
+        def __init__(self) -> None:
+            self.paused, self.resume = threading.Event(), threading.Event()
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if not self.paused.is_set():
+                self.paused.set()
+                assert self.resume.wait(120)
+            return scores
+
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int, pause: PauseOnce) -> None:
+        try:
+            with torch.no_grad():
+                results[i] = compiled.generate(
+                    input_ids=prompts[i], logits_processor=LogitsProcessorList([pause]), **kwargs
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    pauses = [PauseOnce(), PauseOnce()]
+    threads = [threading.Thread(target=run, args=(i, pauses[i])) for i in range(2)]
+    for thread, pause in zip(threads, pauses, strict=True):
+        thread.start()
+        assert pause.paused.wait(120)
+    pauses[0].resume.set()
+    threads[0].join(120)
+    calls = sum(g.calls for g in compiled.graphs)
+    pauses[1].resume.set()
+    threads[1].join(120)
+    assert not errors, errors
+    assert sum(g.calls for g in compiled.graphs) - calls == NEW_TOKENS - 1, (
+        "the second thread's steps after the first finished ran by the plans"
+    )
+    for i in range(2):
+        torch.testing.assert_close(results[i], expected[i], rtol=0, atol=0)
+    assert "forward" not in model.__dict__
