@@ -159,6 +159,7 @@ class CompiledGraph:
             if self.replan is None or self.enter is None:
                 raise
             self.replaced = str(exc)
+            self.calls -= 1  # the call is made again: counted once
             return self._run_once(args)
 
     def _run_once(self, args: Sequence[Any]) -> Any:

@@ -290,10 +290,6 @@ class OffloadStore:
                 str(k): _Entry(**{**e, "shape": tuple(e["shape"])})
                 for k, e in data["tensors"].items()
             }
-            if any(
-                e.strides is not None and not dense(e.shape, e.strides) for e in tensors.values()
-            ):
-                raise ValueError("a tensor's strides do not lay out its bytes densely")
             if any(_SHARD_NAME.fullmatch(name) is None for name in shards):
                 raise ValueError("a shard has a name this store does not write")
             if any(e.shard not in shards or e.dtype not in _DTYPES for e in tensors.values()):
@@ -307,6 +303,10 @@ class OffloadStore:
                     counts = value if isinstance(value, tuple) else (value,)
                     if field.type != "str" and not all(type(n) is int and n >= 0 for n in counts):
                         raise ValueError(f"{field.name} is {value!r}, not a count")
+            if any(
+                e.strides is not None and not dense(e.shape, e.strides) for e in tensors.values()
+            ):
+                raise ValueError("a tensor's strides do not lay out its bytes densely")
             sizes = {k: math.prod(e.shape) * _DTYPES[e.dtype].itemsize for k, e in tensors.items()}
             if any(e.nbytes != sizes[k] for k, e in tensors.items()):
                 raise ValueError("a tensor's size does not match its shape and dtype")
