@@ -167,32 +167,28 @@ def test_a_graph_is_stale_once_another_plan_releases_a_weight_it_reads_from_ram(
     assert earlier.stale is None
 
 
-def test_a_stale_graph_is_planned_again_before_it_runs() -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("stale", 3, r"graph 3's plan"),  # a later graph released weights its plan keeps
+        ("replaced", "w: given other bytes", r"a weight its plan reads from disk changed"),
+    ],
+)
+def test_a_graph_whose_plan_no_longer_holds_is_planned_again_before_it_runs(
+    field: str, value: Any, why: str
+) -> None:
     session = Session.of(parse_options())
-    graph = _graph(0, {"w": ON_HOST})
+    graph = _graph(0, {"w": ON_HOST if field == "stale" else READ_ONCE})
     session.graphs.append(graph)
     asked: list[Any] = []
     graph.replan = lambda g, args, keep: asked.append((g, args, keep))
-    graph.stale = 3
+    setattr(graph, field, value)
     session.enter(graph, ("x",))
-    assert asked == [(graph, ("x",), None)] and graph.stale is None
+    assert asked == [(graph, ("x",), None)] and getattr(graph, field) is None
     # one that can no longer be planned again is a clear error, not an empty tensor
-    graph.replan, graph.stale, session.current = None, 3, None
-    with pytest.raises(StalePlanError, match=r"graph 0 must be planned again \(graph 3's plan"):
-        session.enter(graph, ("x",))
-
-
-def test_a_graph_reading_a_replaced_weight_is_planned_again_before_it_runs() -> None:
-    session = Session.of(parse_options())
-    graph = _graph(0, {"w": READ_ONCE})
-    session.graphs.append(graph)
-    asked: list[Any] = []
-    graph.replan = lambda g, args, keep: asked.append((g, args, keep))
-    graph.replaced = "w: given other bytes"
-    session.enter(graph, ("x",))
-    assert asked == [(graph, ("x",), None)] and graph.replaced is None
-    graph.replan, graph.replaced, session.current = None, "w: given other bytes", None
-    with pytest.raises(StalePlanError, match=r"reads from disk changed \(w: given other"):
+    graph.replan, session.current = None, None
+    setattr(graph, field, value)
+    with pytest.raises(StalePlanError, match=rf"graph 0 must be planned again \({why}"):
         session.enter(graph, ("x",))
 
 

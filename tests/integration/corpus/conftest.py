@@ -33,39 +33,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if id(item) not in dropped]
 
 
+# what each corpus test's outcomes are counted as: its id's last part is the budget, and
+# for generate() its second the cache (ids ``{entry}-{cache}-{budget}``)
+_CASE_KEYS = {
+    "test_entry_matches_eager": "forward budget={budget}",
+    "test_entry_streams_from_disk_within_a_host_budget": (
+        "forward from disk budget=third of host RAM"
+    ),
+    "test_entry_in_bfloat16_matches_eager": "forward in bfloat16 budget={budget}",
+    "test_entry_in_channels_last_matches_eager": "forward in channels_last budget={budget}",
+    "test_entry_returning_every_layers_outputs_matches_eager": (
+        "forward with every layer's outputs budget={budget}"
+    ),
+    "test_entry_converted_after_compiling_matches_eager": (
+        "converted after compiling budget={budget}"
+    ),
+    "test_entry_built_on_meta_runs_from_the_checkpoint_it_saved": (
+        "built on meta, from its saved checkpoint budget={budget}"
+    ),
+    "test_entry_segments_run_on_cuda": "cuda placement budget={budget}",
+    "test_generate_matches_eager": "generate budget={budget} cache={cache}",
+    "test_generate_streams_from_disk_within_a_host_budget": "generate budget=disk cache={cache}",
+    "test_generate_segments_run_on_cuda": (
+        "cuda placement of generate budget={budget} cache={cache}"
+    ),
+    "test_generate_through_the_compiled_module_is_explained_saved_and_replayed": (
+        "generate through tt.compile, saved and replayed budget={budget}"
+    ),
+    "test_a_model_used_several_ways_in_one_process_matches_eager": (
+        "used several ways budget={budget}"
+    ),
+    "test_a_pipeline_with_compiled_modules_matches_eager": "diffusers pipeline budget={budget}",
+}
+
+
 def _case_key(nodeid: str) -> str:
     """``forward budget=third`` or ``generate budget=none cache=static`` for a corpus test id."""
     test, _, case = nodeid.rpartition("::")[2].partition("[")
     parts = case.rstrip("]").split("-")
-    if test == "test_entry_matches_eager":
-        return f"forward budget={parts[-1]}"
-    if test == "test_entry_streams_from_disk_within_a_host_budget":
-        return "forward from disk budget=third of host RAM"
-    if test == "test_entry_in_bfloat16_matches_eager":
-        return f"forward in bfloat16 budget={parts[-1]}"
-    if test == "test_generate_streams_from_disk_within_a_host_budget":
-        return f"generate budget=disk cache={parts[1]}"
-    if test == "test_entry_segments_run_on_cuda":
-        return f"cuda placement budget={parts[-1]}"
-    if test == "test_generate_segments_run_on_cuda":
-        return f"cuda placement of generate budget={parts[-1]} cache={parts[1]}"
-    if test == "test_entry_returning_every_layers_outputs_matches_eager":
-        return f"forward with every layer's outputs budget={parts[-1]}"
-    if test == "test_entry_in_channels_last_matches_eager":
-        return f"forward in channels_last budget={parts[-1]}"
-    if test == "test_entry_converted_after_compiling_matches_eager":
-        return f"converted after compiling budget={parts[-1]}"
-    if test == "test_generate_through_the_compiled_module_is_explained_saved_and_replayed":
-        return f"generate through tt.compile, saved and replayed budget={parts[-1]}"
-    if test == "test_a_pipeline_with_compiled_modules_matches_eager":
-        return f"diffusers pipeline budget={parts[-1]}"
-    if test == "test_entry_built_on_meta_runs_from_the_checkpoint_it_saved":
-        return f"built on meta, from its saved checkpoint budget={parts[-1]}"
-    if test == "test_a_checkpoint_whose_names_are_not_the_models_is_refused_with_the_way_out":
-        return "a converted checkpoint refused"
-    if test == "test_a_model_used_several_ways_in_one_process_matches_eager":
-        return f"used several ways budget={parts[-1]}"
-    return f"generate budget={parts[-1]} cache={parts[1]}"
+    key = _CASE_KEYS.get(test, f"{test} budget={{budget}}")
+    return key.format(budget=parts[-1], cache=parts[1] if len(parts) > 1 else "")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
