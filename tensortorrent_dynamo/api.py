@@ -67,8 +67,11 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         before = self._disk_bytes_total()
-        with _own_errors():
+        try:  # not a context manager: this is each call's path
             out = self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            _raise_ours(exc)
+            raise
         after = self._disk_bytes_total()
         if after is not None:
             # a plain attribute write: ``nn.Module.__setattr__`` costs microseconds
@@ -91,8 +94,12 @@ class CompiledModule(torch.nn.Module):
             raise AttributeError(f"{type(model).__name__} has no generate()")
         if hasattr(getattr(model, "generation_config", None), "disable_compile"):
             kwargs.setdefault("disable_compile", True)
-        with self._forward_compiled(model), _own_errors():
-            return generate(*args, **kwargs)
+        with self._forward_compiled(model):
+            try:
+                return generate(*args, **kwargs)
+            except torch._dynamo.exc.BackendCompilerFailed as exc:
+                _raise_ours(exc)
+                raise
 
     @contextlib.contextmanager
     def _forward_compiled(self, model: torch.nn.Module) -> Iterator[None]:
@@ -180,16 +187,11 @@ class CompiledModule(torch.nn.Module):
         return peaks
 
 
-@contextlib.contextmanager
-def _own_errors() -> Iterator[None]:
-    """Raise the errors of ours Dynamo wraps (in whatever a backend raises) as they are:
-    they say more alone."""
-    try:
-        yield
-    except torch._dynamo.exc.BackendCompilerFailed as exc:
-        if isinstance(exc.inner_exception, TensorTorrentError):
-            raise exc.inner_exception from None
-        raise
+def _raise_ours(exc: torch._dynamo.exc.BackendCompilerFailed) -> None:
+    """Raise the error of ours Dynamo wrapped in ``exc`` (it wraps whatever a backend
+    raises) as it is: it says more alone. Returns for any other."""
+    if isinstance(exc.inner_exception, TensorTorrentError):
+        raise exc.inner_exception from None
 
 
 def compile(
