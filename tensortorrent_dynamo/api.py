@@ -35,6 +35,8 @@ class CompiledModule(torch.nn.Module):
         self.model = model
         self.backend = backend
         self.compiled = torch.compile(model, backend=backend)
+        # the same, found without nn.Module's (and this class's) attribute lookup on each call
+        self.__dict__["_call_compiled"] = self.compiled
         # the model's forward compiled with the backend, for ``generate()`` (made at its
         # first call); the generate() calls running, and the forward the model had before
         self._compiled_forward: Any = None
@@ -68,7 +70,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         before = self._disk_bytes_total()
         try:  # not a context manager: this is each call's path
-            out = self.compiled(*args, **kwargs)
+            out = self._call_compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as exc:
             _raise_ours(exc)
             raise
