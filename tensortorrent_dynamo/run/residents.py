@@ -14,6 +14,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..io.locations import FileGuard, TensorLocation
 from ..io.pool import HostBufferPool
 from ..io.reader import DiskReader, ReadResult
+from ..weights.released import HeldBytes
 from .handles import DEFAULT_IO_TIMEOUT_S, wait_for
 
 
@@ -65,19 +66,11 @@ class DiskTier:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Copy:
-    """A parameter's copy on a device, and what the parameter was when it was made: its
-    version counter, the address of its bytes and their storage (held, so that no other
-    bytes take that address while the copy is kept)."""
+    """A parameter's copy on a device, and what the parameter held when it was made."""
 
     fqn: str
     copy: torch.Tensor
-    version: int
-    data_ptr: int
-    storage: torch.UntypedStorage
-
-    def of(self, param: torch.Tensor) -> bool:
-        """Whether this is a copy of ``param`` as it is now."""
-        return param._version == self.version and param.data_ptr() == self.data_ptr
+    held: HeldBytes
 
 
 class ResidentCopies:
@@ -105,15 +98,13 @@ class ResidentCopies:
         entry = by_device.get(device)
         if entry is None:
             return None
-        if not entry.of(param):
+        if not entry.held.unchanged(param):
             del by_device[device]
             return None
         return entry.copy
 
     def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
-        self._of(param)[device] = _Copy(
-            fqn, copy, param._version, param.data_ptr(), param.untyped_storage()
-        )
+        self._of(param)[device] = _Copy(fqn, copy, HeldBytes.of(param))
 
     def _entries(self) -> list[tuple[dict[str, _Copy], str]]:
         values = self._copies.values()  # type: ignore[no-untyped-call]

@@ -48,13 +48,33 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class _Released:
-    location: TensorLocation
-    version: int  # the tensor's version counter when it was released
-    # the address of the bytes it was released with, and their storage, held so that no
-    # other bytes can take that address while the record lives
+class HeldBytes:
+    """What a tensor held at a moment: its version counter, the address of its bytes, and
+    their storage (held, so that no other bytes can take that address while this lives).
+    A write in place moves the version counter; ``.data = ...`` (``module.to(dtype)``)
+    changes the address; a write in place through ``.data`` changes neither."""
+
+    version: int
     data_ptr: int
     storage: torch.UntypedStorage
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> HeldBytes:
+        return cls(tensor._version, tensor.data_ptr(), tensor.untyped_storage())
+
+    def same_bytes(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` still holds these bytes (written in place or not)."""
+        return tensor.data_ptr() == self.data_ptr
+
+    def unchanged(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` still holds these bytes, unwritten since."""
+        return tensor._version == self.version and tensor.data_ptr() == self.data_ptr
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Released:
+    location: TensorLocation
+    held: HeldBytes  # what the tensor held once released
     # of a row chunk: the weight it is rows of, and that weight's record when released
     whole: weakref.ref[torch.Tensor] | None = None
     whole_record: _Released | None = None
@@ -71,17 +91,13 @@ class _Released:
         """Whether ``tensor`` (the record's), and the weight it is rows of, still hold the
         bytes they were released with."""
         whole = self._whole()
-        return tensor.data_ptr() == self.data_ptr and (whole is None or whole[1].holds(whole[0]))
+        return self.held.same_bytes(tensor) and (whole is None or whole[1].holds(whole[0]))
 
     def unchanged(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the record's), and the weight it is rows of, hold the bytes
         they were released with, unwritten since."""
         whole = self._whole()
-        return (
-            tensor._version == self.version
-            and tensor.data_ptr() == self.data_ptr
-            and (whole is None or whole[1].unchanged(whole[0]))
-        )
+        return self.held.unchanged(tensor) and (whole is None or whole[1].unchanged(whole[0]))
 
 
 # tensor -> where its bytes are, for as long as the tensor lives
@@ -128,14 +144,13 @@ def _remember(
 ) -> None:
     """Record that ``tensor``'s bytes are at ``location`` (rows of ``whole``'s), for as long
     as it lives."""
-    storage = tensor.untyped_storage()
     if whole is None:
-        _released[tensor] = _Released(location, tensor._version, tensor.data_ptr(), storage)
+        _released[tensor] = _Released(location, HeldBytes.of(tensor))
     else:
         whole_record = _record(whole)
         assert whole_record is not None
         _released[tensor] = _Released(
-            location, tensor._version, tensor.data_ptr(), storage, weakref.ref(whole), whole_record
+            location, HeldBytes.of(tensor), weakref.ref(whole), whole_record
         )
 
 
