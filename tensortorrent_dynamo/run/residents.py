@@ -77,9 +77,12 @@ class ResidentCopies:
     """The copies of parameters kept on a device for the whole run, by parameter and device.
 
     A copy is valid while its parameter is unchanged: neither written in place (its
-    ``_version``) nor given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter
-    merged); it is dropped when its parameter is. A write in place through ``.data`` moves
-    no version counter and goes unseen.
+    ``_version``), nor given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter
+    merged with ``safe_merge``), nor written through ``.data`` (``p.data += delta``, an
+    adapter merged in place: no version counter moves, and the parameter's bytes are
+    sampled for it, see :class:`~..weights.released.HeldBytes`); it is dropped when its
+    parameter is. A write through ``.data`` to a few elements away from the sampled bytes
+    goes unseen.
     """
 
     def __init__(self) -> None:
@@ -104,7 +107,7 @@ class ResidentCopies:
         return entry.copy
 
     def put(self, fqn: str, param: torch.Tensor, device: str, copy: torch.Tensor) -> None:
-        self._of(param)[device] = _Copy(fqn, copy, HeldBytes.of(param))
+        self._of(param)[device] = _Copy(fqn, copy, HeldBytes.of(param, sampled=True))
 
     def _entries(self) -> list[tuple[dict[str, _Copy], str]]:
         values = self._copies.values()  # type: ignore[no-untyped-call]

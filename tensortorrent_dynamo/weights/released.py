@@ -22,13 +22,16 @@ place since it was released (its version counter moved: ``load_state_dict``, an 
 op) or given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter merged) is
 refused by :func:`check_released` before the runtime reads it; a tensor given other bytes
 holds its own again (:func:`released_location` is ``None``), so a graph planned after that
-plans it anew. A write in place through ``.data`` (``p.data += delta``) moves no version
-counter and goes unseen. Where the file cannot be mapped (no ``mmap``, a damaged file), the
-storage is empty.
+plans it anew. A write in place through ``.data`` (``p.data += delta``, an adapter merged in
+place) moves no version counter, but the pages it touches are copied out of the file's
+mapping: the process's page map (:mod:`..io.pagemap`) shows them, and where their bytes differ
+from the file's the tensor was written (on Linux; elsewhere such a write goes unseen). Where
+the file cannot be mapped (no ``mmap``, a damaged file), the storage is empty.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import mmap
@@ -41,7 +44,9 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import CheckpointError, OffloadError, ReplacedWeightError
-from ..io.locations import FileGuard, TensorLocation
+from ..io.locations import FileGuard, TensorLocation, dense
+from ..io.page_cache import PAGE_BYTES
+from ..io.pagemap import copied_ranges, pages_copied
 from ..io.safetensors import safetensors_locations
 
 log = logging.getLogger(__name__)
@@ -52,15 +57,23 @@ class HeldBytes:
     """What a tensor held at a moment: its version counter, the address of its bytes, and
     their storage (held, so that no other bytes can take that address while this lives).
     A write in place moves the version counter; ``.data = ...`` (``module.to(dtype)``)
-    changes the address; a write in place through ``.data`` changes neither."""
+    changes the address; a write in place through ``.data`` changes neither.
 
-    version: int
+    Made ``sampled``, it also tells, cheaply on every check, a write through ``.data`` that
+    changes much of the tensor (an adapter merged in place): for a tensor in RAM, by a few of
+    its bytes kept (:class:`_Sample`); for a released one, by whether the page of the first
+    of them was copied out of the file's mapping (:class:`_MappedSample`). A write to a few
+    elements elsewhere may go unseen."""
+
+    version: int | None  # None: an inference tensor, which has no version counter
     data_ptr: int
     storage: torch.UntypedStorage
+    sample: _Sample | _MappedSample | None = None
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> HeldBytes:
-        return cls(tensor._version, tensor.data_ptr(), tensor.untyped_storage())
+    def of(cls, tensor: torch.Tensor, *, sampled: bool = False) -> HeldBytes:
+        sample = _sample_of(tensor) if sampled else None
+        return cls(_version(tensor), tensor.data_ptr(), tensor.untyped_storage(), sample)
 
     def same_bytes(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` still holds these bytes (written in place or not)."""
@@ -68,7 +81,84 @@ class HeldBytes:
 
     def unchanged(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` still holds these bytes, unwritten since."""
-        return tensor._version == self.version and tensor.data_ptr() == self.data_ptr
+        if _version(tensor) != self.version or tensor.data_ptr() != self.data_ptr:
+            return False
+        return self.sample is None or self.sample.unchanged(tensor)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter; ``None`` for an inference tensor (a model built under
+    ``torch.inference_mode()``), which has none, even once given other bytes: it can be
+    written in place only under inference mode, and that goes untracked."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+# a tensor's bytes are sampled in two windows of this many bytes, a third and two thirds of
+# the way in (a tensor of at most this many: all of it, twice)
+_SAMPLE_BYTES = 32
+
+
+def _sample_windows(nbytes: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``(start, length)`` of the two windows a tensor of ``nbytes`` is sampled in."""
+    if nbytes <= _SAMPLE_BYTES:
+        return (0, nbytes), (0, nbytes)
+    return (nbytes // 3, _SAMPLE_BYTES), (nbytes * 2 // 3, _SAMPLE_BYTES)
+
+
+def _sample_of(tensor: torch.Tensor) -> _Sample | _MappedSample | None:
+    """How a write through ``.data`` to ``tensor`` is told; ``None`` for a tensor off the
+    host, not dense, or holding no bytes."""
+    record = _record(tensor)
+    if record is not None and record.holds(tensor):
+        address = record.address(tensor)
+        if address is None:
+            return None
+        at, _ = _sample_windows(record.location.nbytes)[0]
+        return _MappedSample(record, ((address + at) // PAGE_BYTES,))
+    nbytes = tensor.numel() * tensor.element_size()
+    if (
+        tensor.device.type != "cpu"
+        or nbytes == 0
+        or tensor.untyped_storage().nbytes() == 0
+        or not dense(tensor.shape, tensor.stride())
+    ):
+        return None
+    address = tensor.data_ptr()
+    first, second = (
+        (ctypes.c_char * n).from_address(address + at) for at, n in _sample_windows(nbytes)
+    )
+    return _Sample(first, second, (first.raw, second.raw))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample:
+    """A few bytes of a dense tensor in RAM, as they were and where they are (valid while
+    the tensor holds the storage they are in, which :class:`HeldBytes` checks first). The
+    windows are ``ctypes`` arrays over the tensor's memory: reading one is a copy of its
+    bytes, about 0.1 us."""
+
+    first: ctypes.Array[ctypes.c_char]
+    second: ctypes.Array[ctypes.c_char]
+    seen: tuple[bytes, bytes]
+
+    def unchanged(self, tensor: torch.Tensor) -> bool:
+        return self.first.raw == self.seen[0] and self.second.raw == self.seen[1]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _MappedSample:
+    """The page of a released tensor's first sample window in its file's mapping: while it
+    was not copied on write the tensor is taken as unwritten (its page table entry read,
+    about 1.5 us); once it was, the tensor's bytes are compared with the file's."""
+
+    record: _Released
+    pages: tuple[int, ...]
+
+    def unchanged(self, tensor: torch.Tensor) -> bool:
+        return not (pages_copied(self.pages) and self.record.written(tensor))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -95,9 +185,61 @@ class _Released:
 
     def unchanged(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the record's), and the weight it is rows of, hold the bytes
-        they were released with, unwritten since."""
+        they were released with, unwritten since: no write in place moved their version
+        counters, and none through ``.data`` changed the bytes of the file's mapping."""
         whole = self._whole()
-        return self.held.unchanged(tensor) and (whole is None or whole[1].unchanged(whole[0]))
+        if not self.held.unchanged(tensor):
+            return False
+        if whole is not None and not whole[1].held.unchanged(whole[0]):
+            return False
+        return not self.written(tensor)
+
+    def address(self, tensor: torch.Tensor) -> int | None:
+        """Where this location's bytes are in the file's copy-on-write mapping (the storage
+        of ``tensor``, or of the weight it is rows of); ``None`` where the tensor holds no
+        bytes (the file could not be mapped)."""
+        whole = self._whole()
+        base, base_location = (
+            (tensor, self.location) if whole is None else (whole[0], whole[1].location)
+        )
+        storage = base.untyped_storage()
+        if storage.nbytes() != base_location.nbytes:
+            return None
+        return storage.data_ptr() + self.location.offset - base_location.offset
+
+    def written(self, tensor: torch.Tensor) -> bool:
+        """Whether this location's bytes in the file's mapping were written, through
+        ``.data`` or not: pages copied on write whose bytes differ from the file's.
+        ``False`` where the tensor holds no bytes or the page map cannot be read."""
+        address = self.address(tensor)
+        if address is None:
+            return False
+        ranges = copied_ranges(address, self.location.nbytes)
+        return ranges is not None and _differs_from_file(self.location, address, ranges)
+
+
+_COMPARE_BYTES = 2**20
+
+
+def _differs_from_file(
+    location: TensorLocation, address: int, ranges: list[tuple[int, int]]
+) -> bool:
+    """Whether the bytes at the address ranges ``ranges`` (within ``location``'s bytes,
+    mapped at ``address``) differ from the file's (a page copied on write may hold what the
+    file does: a neighbour's write, a value written over itself); ``True`` where the file
+    cannot be read to tell."""
+    try:
+        with open(location.path, "rb") as file:
+            for start, stop in ranges:
+                for at in range(start, stop, _COMPARE_BYTES):
+                    n = min(_COMPARE_BYTES, stop - at)
+                    if ctypes.string_at(at, n) != os.pread(
+                        file.fileno(), n, location.offset + at - address
+                    ):
+                        return True
+    except OSError:
+        return True
+    return False
 
 
 # tensor -> where its bytes are, for as long as the tensor lives
@@ -128,9 +270,10 @@ def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
             return
         raise OffloadError(
             f"{location.key}: the model's tensor was written in place after its bytes were "
-            f"moved to {location.path}, and the compiled graphs read them from there, so they "
-            "would run on the old weights. Load new weights into the model before compiling "
-            "it (or into a new model, and compile that)"
+            f"moved to {location.path} (an in-place op, ``load_state_dict``, a write through "
+            "``.data`` such as an adapter merged into it), and the compiled graphs read them "
+            "from there, so they would run on the old weights. Load new weights into the model "
+            "(merge adapters) before compiling it, or into a new model, and compile that"
         )
     raise ReplacedWeightError(
         f"{location.key}: the model's tensor holds other bytes than those its plan reads from "

@@ -1,7 +1,8 @@
 """Weights changed after compiling: given other bytes (``p.data = ...``, as merging an
-adapter does), or converted (``model.to(dtype)``, which does the same to each parameter).
-The compiled model either computes with the weights as they are now or refuses, naming
-the weight; it never runs on the old ones."""
+adapter with ``safe_merge`` does), written through ``.data`` (``p.data += delta``, as
+merging one in place does), or converted (``model.to(dtype)``, which gives each parameter
+other bytes). The compiled model either computes with the weights as they are now or
+refuses, naming the weight; it never runs on the old ones."""
 
 from __future__ import annotations
 
@@ -92,3 +93,36 @@ def test_a_model_converted_to_another_dtype_after_compiling_matches_eager(
             got = compiled(x.to(dtype))
             assert got.dtype == dtype
             torch.testing.assert_close(got, model(x.to(dtype)))
+
+
+def _merge_in_place(model: torch.nn.Module) -> None:
+    """Add a rank-4 product to every weight matrix through ``.data``, as an adapter merged in
+    place does: no version counter moves, no address changes."""
+    generator = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        if p.dim() == 2:
+            b = torch.randn(p.shape[0], 4, generator=generator)
+            a = torch.randn(4, p.shape[1], generator=generator)
+            p.data += 0.01 * (b @ a)
+
+
+@pytest.mark.parametrize("budget", ["none", "half"])
+def test_weights_written_through_data_are_copied_again(budget: str, tmp_path: Path) -> None:
+    model, compiled, x = _compiled(budget, tmp_path)
+    versions = [p._version for p in model.parameters()]
+    _merge_in_place(model)
+    assert [p._version for p in model.parameters()] == versions
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_weight_read_from_disk_written_through_data_is_refused(tmp_path: Path) -> None:
+    """Its bytes on disk are the old ones, and its new ones are pages copied out of the
+    file's mapping: the call refuses, naming the weight."""
+    model, compiled, x = _compiled("disk", tmp_path)
+    released = [n for n, p in model.named_parameters() if holds_its_file(p) and p.dim() == 2]
+    assert released
+    _merge_in_place(model)
+    with torch.no_grad(), pytest.raises(tt.OffloadError, match="written in place") as raised:
+        compiled(x)
+    assert any(name in str(raised.value) for name in released), raised.value

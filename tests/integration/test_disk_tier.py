@@ -32,14 +32,16 @@ def _compile(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path, **options:
     )
 
 
+@pytest.mark.parametrize("through_data", [False, True], ids=["in_place", "through_data"])
 @pytest.mark.parametrize("chunk", [0, 2**16])
 def test_a_weight_written_in_place_after_it_was_moved_to_disk_is_refused(
-    tmp_path: Path, chunk: int
+    tmp_path: Path, chunk: int, through_data: bool
 ) -> None:
-    """A released weight maps its stored bytes copy-on-write, so a write to it (here as
-    ``load_state_dict`` makes it) would leave the compiled graphs reading the old bytes:
-    the next call refuses, naming the weight, rather than run on stale weights. Whole
-    weights and weights read in row chunks alike."""
+    """A released weight maps its stored bytes copy-on-write, so a write to it (as
+    ``load_state_dict`` makes it, or through ``.data`` as an adapter merged in place, which
+    moves no version counter) would leave the compiled graphs reading the old bytes: the
+    next call refuses, naming the weight, rather than run on stale weights. Whole weights
+    and weights read in row chunks alike."""
     model, x = mlp(256, 8), torch.randn(16, 256)
     compiled = _compile(
         model, x, tmp_path, budgets={"cpu": _host_budget(model)}, stream_chunk_bytes=chunk
@@ -48,7 +50,7 @@ def test_a_weight_written_in_place_after_it_was_moved_to_disk_is_refused(
         compiled(x)
     name, weight = next((n, p) for n, p in model.named_parameters() if holds_its_file(p))
     with torch.no_grad():
-        weight.mul_(2.0)
+        (weight.data if through_data else weight).mul_(2.0)
         with pytest.raises(tt.OffloadError, match=rf"{re.escape(name)}.*written in place"):
             compiled(x)
 

@@ -48,6 +48,15 @@ _CASE_KEYS = {
     "test_entry_converted_after_compiling_matches_eager": (
         "converted after compiling budget={budget}"
     ),
+    "test_entry_with_hooks_added_after_compiling_matches_eager": (
+        "hooks added after compiling budget={budget}"
+    ),
+    "test_entry_built_under_inference_mode_matches_eager": (
+        "built under inference_mode budget={budget}"
+    ),
+    "test_entry_with_an_adapter_merged_after_compiling_matches_eager_or_is_refused": (
+        "adapter merged after compiling budget={budget}"
+    ),
     "test_entry_built_on_meta_runs_from_the_checkpoint_it_saved": (
         "built on meta, from its saved checkpoint budget={budget}"
     ),

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
+from tests.mapped import holds_its_file
 
 from .harness import (
     INFERENCE_CONTEXTS,
@@ -199,6 +200,117 @@ def test_entry_converted_after_compiling_matches_eager(
             model.to(dtype)
             kwargs = _bfloat16(entry.inputs(0)) if dtype == torch.bfloat16 else entry.inputs(0)
             assert_same(compiled(**kwargs), model(**kwargs), f"in {dtype}")
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases(
+            [BY_NAME[name] for name in ("llama", "t5", "bert", "flux")], (*BUDGETS, "disk"), False
+        ),
+        {"llama-disk"},
+    ),
+)
+def test_entry_built_under_inference_mode_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """A model built (or loaded) under ``torch.inference_mode()`` has inference tensors for
+    weights, which have no version counter. Before, every budget failed at compile time
+    (``Inference tensors do not track version counter``)."""
+    with torch.inference_mode():
+        model = entry.build()
+        expected = [model(**entry.inputs(i)) for i in range(2)]
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    with torch.inference_mode():
+        for i, want in enumerate(expected):
+            assert_same(compiled(**entry.inputs(i)), want, f"call {i + 1}")
+
+
+def _first(out: Any) -> torch.Tensor:
+    """A layer's hidden states (decoder layers return them alone or first in a tuple)."""
+    return out if isinstance(out, torch.Tensor) else cast("torch.Tensor", out[0])
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(entry_cases([BY_NAME["llama"]], (*BUDGETS, "disk"), False), {"llama-disk"}),
+)
+def test_entry_with_hooks_added_after_compiling_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """With Dynamo guarding on module hooks (``skip_nnmodule_hook_guards=False``; by default
+    it does not, and hooks added after the first call do not run, as with
+    ``torch.compile``), a forward hook added after compiling runs: one capturing a layer's
+    output sees eager's, one changing it changes the result as in eager, and once removed
+    the model computes as before."""
+    model = entry.build()
+    layer = cast("Any", model).model.layers[0]
+    kwargs = entry.inputs(0)
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch.no_grad():
+        opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+        compiled = tt.compile(model, **opts)
+        expected = model(**kwargs)
+        assert_same(compiled(**kwargs), expected, "before the hooks")
+        seen: list[torch.Tensor] = []
+        capture = layer.register_forward_hook(lambda m, a, out: seen.append(_first(out).clone()))
+        model(**kwargs)
+        compiled(**kwargs)
+        capture.remove()
+        assert len(seen) == 2, "the capturing hook ran in eager and in the compiled model"
+        torch.testing.assert_close(seen[1], seen[0])
+
+        def halve(module: Any, args: Any, out: Any) -> Any:
+            return out * 0.5 if isinstance(out, torch.Tensor) else (out[0] * 0.5, *out[1:])
+
+        change = layer.register_forward_hook(halve)
+        assert_same(compiled(**kwargs), model(**kwargs), "with a hook changing the output")
+        change.remove()
+        assert_same(compiled(**kwargs), expected, "hooks removed")
+
+
+# the attention projections a LoRA adapter is put on, by model
+LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "t5": ["q", "v"], "bert": ["query", "value"]}
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases([BY_NAME[name] for name in LORA_TARGETS], (*BUDGETS, "disk"), False),
+        {"llama-none", "llama-disk"},
+    ),
+)
+# PEFT asks transformers' model a question transformers renamed
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_entry_with_an_adapter_merged_after_compiling_matches_eager_or_is_refused(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """A PEFT LoRA adapter merged after compiling (``merge_adapter()`` adds its product to
+    each weight through ``.data``: no version counter moves, no address changes), then
+    unmerged: each call matches the model run eagerly. Before, the copies kept on the
+    accelerator were of the unmerged weights (a wrong answer, silently). On the disk tier a
+    merged weight whose bytes were moved to disk is refused, naming it: its new bytes are
+    pages copied out of the file's mapping, which the plan does not read."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, target_modules=LORA_TARGETS[entry.name], init_lora_weights=False)
+    model = get_peft_model(entry.build(), config).eval()
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    kwargs = entry.inputs(0)
+    with torch.no_grad():
+        assert_same(compiled(**kwargs), model(**kwargs), "with the adapter")
+        merged = [n for n, p in model.named_parameters() if "base_layer.weight" in n]
+        on_disk = [n for n, p in model.named_parameters() if n in merged and holds_its_file(p)]
+        model.merge_adapter()
+        if on_disk:
+            with pytest.raises(tt.OffloadError, match="written in place") as raised:
+                compiled(**kwargs)
+            assert any(n.split("base_model.", 1)[-1] in str(raised.value) for n in on_disk)
+            return
+        assert_same(compiled(**kwargs), model(**kwargs), "merged")
+        model.unmerge_adapter()
+        assert_same(compiled(**kwargs), model(**kwargs), "unmerged")
 
 
 def _built_on_meta(model: torch.nn.Module) -> torch.nn.Module:

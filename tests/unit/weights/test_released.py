@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tensortorrent_dynamo.errors import CheckpointError, OffloadError, ReplacedWeightError
+from tensortorrent_dynamo.io import pagemap
 from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
 from tensortorrent_dynamo.io.store import OffloadStore
@@ -250,6 +251,48 @@ def test_a_disk_read_is_only_for_the_tensor_released_there(tmp_path: Path) -> No
     with pytest.raises(OffloadError, match="written in place") as raised:
         released.check_released(tensors["a"], written["a"])
     assert not isinstance(raised.value, ReplacedWeightError), "planning again cannot mend it"
+
+
+@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="Linux's page map")
+def test_a_write_through_data_is_seen_where_its_bytes_differ_from_the_file(
+    tmp_path: Path,
+) -> None:
+    """``p.data += delta`` (an adapter merged in place) moves no version counter and keeps
+    the address; the pages it wrote are copied out of the file's mapping, and their bytes
+    differ from the file's: refused, for the weight and for rows of it that were written,
+    not for rows that were not, nor for a neighbour sharing a written page, nor for a
+    weight written over with its own values."""
+    tensors = {
+        "small": torch.arange(6, dtype=torch.float32),
+        "big": torch.randn(256, 64),
+        "next": torch.arange(5, dtype=torch.float32),
+    }
+    written = write_safetensors(
+        tmp_path / "t.safetensors", {k: t.clone() for k, t in tensors.items()}
+    )
+    for key, tensor in tensors.items():
+        release(tensor, written[key])
+        released.check_released(tensor, written[key])
+    big, location = tensors["big"], written["big"]
+    top, bottom = released.released_rows(big, 0, 128), released.released_rows(big, 128, 256)
+    assert top is not None and bottom is not None
+
+    big.data.mul_(1.0)  # every page copied, every byte as it was
+    released.check_released(big, location)
+    big.data[200:] += 1.0  # the last rows only: moves no version counter
+    assert big._version == 0 and released_location(big) == location
+    for tensor, where in ((big, location), (bottom, location.rows(128, 256))):
+        with pytest.raises(OffloadError, match=r"written in place.*through ``\.data``"):
+            released.check_released(tensor, where)
+    released.check_released(top, location.rows(0, 128))
+    # "small" and "next" follow "big" in the file, on its last page, which was copied:
+    # their bytes are the file's
+    assert pagemap.copied_ranges(tensors["small"].data_ptr(), 24)
+    released.check_released(tensors["small"], written["small"])
+    released.check_released(tensors["next"], written["next"])
+    tensors["small"].data[5] = -1.0
+    with pytest.raises(OffloadError, match="written in place"):
+        released.check_released(tensors["small"], written["small"])
 
 
 def test_a_tensor_given_other_bytes_holds_its_own_again(tmp_path: Path) -> None:
