@@ -147,9 +147,11 @@ class CompiledGraph:
 
     def _run(self, args: Sequence[Any]) -> Any:
         if self.calls == 0:
-            _collect_compile_garbage(self.plan.graph_index)
+            _compile_garbage.after_compile(self.plan.graph_index, input_bytes(args, self.plan.cost))
             if self.settings.keep_heap and self.runtime.disk is None:
                 keep_heap_for_calls()
+        elif _compile_garbage.owed:
+            _compile_garbage.pay(self.plan.graph_index)
         try:
             return self._run_once(args)
         except ReplacedWeightError as exc:
@@ -220,8 +222,9 @@ def runs_beside(graph: CompiledGraph, frame: int | None) -> bool:
     return frame is None or graph.frame != frame
 
 
-def _collect_compile_garbage(graph_index: int) -> None:
-    """Free the garbage Dynamo's tracing left, before a graph's first call.
+class _CompileGarbage:
+    """Freeing the garbage Dynamo's tracing left, after a graph is compiled (or planned
+    again).
 
     The objects Dynamo builds while it traces a frame (its variable trackers, side-effect
     records) refer to the real objects the frame was traced with and to each other, so they
@@ -229,22 +232,80 @@ def _collect_compile_garbage(graph_index: int) -> None:
     seldom. Until then they keep those objects alive: for ``generate()``, the KV cache of the
     call that compiled, as large as the cache itself (282 MiB at batch 16 in the generate
     bench, where the next ``generate()`` then held two caches at once and went over its
-    memory limit). The first call of each graph comes after its frame's trace, so the
-    garbage is collectable then; it costs one collection per graph compiled. The memory the
-    compile freed is then given back to the system (:func:`release_free_heap`)."""
-    started = time.perf_counter()
-    found = gc.collect()
-    collected = time.perf_counter()
-    released = release_free_heap()
-    log.debug(
-        "graph %d: collected %d unreachable objects before its first call (%.0f ms); "
-        "free heap memory %s (%.0f ms)",
-        graph_index,
-        found,
-        1e3 * (collected - started),
-        "given back to the system" if released else "not given back (none, or not glibc)",
-        1e3 * (time.perf_counter() - collected),
+    memory limit). A graph's first call comes after its frame's trace, so the garbage is
+    collectable then. The memory freed is then given back to the system
+    (:func:`release_free_heap`).
+
+    A full collection costs time in proportion to the objects the process holds (0.2 s once
+    transformers is imported, over a second in a long test run), and a model whose layers
+    break the graph traces dozens of graphs in its first calls: one collection each made
+    compiling a 4-layer model of 24 graphs, three times, take 17 s alone and 84 s in the
+    test run (4 s without them). So a graph whose tensor inputs other than its weights (the
+    activations, a KV cache: what the garbage would keep alive) come to ``BIG_INPUTS`` bytes
+    or more is collected for at once; for others, a collection is made only when the time
+    since the last one is at least ``RATIO`` times what that one took (collecting takes at
+    most a fifth of a burst of compiles), and one not made then is owed: made at the first
+    call of any graph once that holds again."""
+
+    RATIO = 4.0
+    BIG_INPUTS = 32 * 2**20
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = -float("inf")  # when the last collection ended (perf_counter)
+        self._took = 0.0  # what it took
+        self.owed = False  # a collection was put off
+
+    def after_compile(self, graph_index: int, input_bytes: int) -> None:
+        """A graph traced with ``input_bytes`` of tensor inputs other than its weights was
+        just compiled or planned again: collect, or owe it."""
+        if input_bytes >= self.BIG_INPUTS:
+            self._collect(graph_index, "before its first call, as its inputs are large")
+        elif self._due():
+            self._collect(graph_index, "before its first call")
+        else:
+            self.owed = True
+
+    def pay(self, graph_index: int) -> None:
+        """Make the collection owed, once enough time has passed."""
+        if self._due():
+            self._collect(graph_index, "owed since an earlier compile")
+
+    def _due(self) -> bool:
+        return time.perf_counter() - self._ended >= self.RATIO * self._took
+
+    def _collect(self, graph_index: int, why: str) -> None:
+        with self._lock:
+            self.owed = False
+            started = time.perf_counter()
+            found = gc.collect()
+            collected = time.perf_counter()
+            released = release_free_heap()
+            self._ended = time.perf_counter()
+            self._took = self._ended - started
+        log.debug(
+            "graph %d: collected %d unreachable objects %s (%.0f ms); free heap memory %s "
+            "(%.0f ms)",
+            graph_index,
+            found,
+            why,
+            1e3 * (collected - started),
+            "given back to the system" if released else "not given back (none, or not glibc)",
+            1e3 * (self._ended - collected),
+        )
+
+
+def input_bytes(args: Sequence[Any], cost: CostGraph) -> int:
+    """Bytes of the tensors among a graph's arguments ``args`` that are not its weights."""
+    weights = {p.arg_index for p in cost.params}
+    return sum(
+        a.untyped_storage().nbytes()
+        for i, a in enumerate(args)
+        if i not in weights and isinstance(a, torch.Tensor) and a.device.type != "meta"
     )
+
+
+_compile_garbage = _CompileGarbage()
 
 
 @dataclasses.dataclass
@@ -502,7 +563,7 @@ class Session:
             graph.calls,
             time.perf_counter() - started,
         )
-        _collect_compile_garbage(graph.plan.graph_index)
+        _compile_garbage.after_compile(graph.plan.graph_index, input_bytes(args, graph.plan.cost))
 
     def in_ram_for_good(self, replacing: int | None = None) -> frozenset[str]:
         """The weights (whole, by fqn) kept in RAM by the plans that cannot change (a saved
@@ -565,7 +626,7 @@ class Session:
         log.info(
             "graph %d planned again, as %s (%.1f s)", index, why, time.perf_counter() - started
         )
-        _collect_compile_garbage(index)
+        _compile_garbage.after_compile(index, input_bytes(args, graph.plan.cost))
 
     def make_room(self, plan: GraphPlan, frame: int | None) -> None:
         """Drop the resident copies neither ``plan`` nor a graph of another frame keeps."""

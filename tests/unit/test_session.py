@@ -23,7 +23,9 @@ def _plan(
     follows: int | None = None,
     chunk_bytes: int | None = None,
 ) -> Any:
-    params = tuple(types.SimpleNamespace(fqn=fqn, nbytes=100) for fqn in residency)
+    params = tuple(
+        types.SimpleNamespace(fqn=fqn, nbytes=100, arg_index=i) for i, fqn in enumerate(residency)
+    )
     devices = sorted({r.device for r in residency.values()} | {"cpu"})
     plan = types.SimpleNamespace(
         cost=types.SimpleNamespace(params=params),
@@ -310,3 +312,55 @@ def test_the_graphs_keeping_the_most_are_made_lean_first() -> None:
     assert large.lean and not small.lean and not own.lean
     assert session.make_lean_beside(3, 2) == 1
     assert small.lean and not own.lean
+
+
+def test_compile_garbage_is_collected_at_once_for_large_inputs_else_at_most_a_fifth_of_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full collection after each graph compiled costs a burst of compiles (a model whose
+    layers break the graph) a collection per graph: the next is put off until the time since
+    the last is ``RATIO`` times what it took, and made at a later call. A graph traced with
+    large inputs (a KV cache the garbage would keep alive) is collected for at once."""
+    import gc
+
+    from tensortorrent_dynamo import session
+
+    collections: list[int] = []
+    clock = [100.0]
+    monkeypatch.setattr(session.time, "perf_counter", lambda: clock[0])
+    garbage = session._CompileGarbage()
+
+    def collect_taking(seconds: float) -> None:
+        def collect(*args: Any) -> int:
+            collections.append(1)
+            clock[0] += seconds
+            return 0
+
+        monkeypatch.setattr(gc, "collect", collect)
+
+    collect_taking(1.0)
+    garbage.after_compile(0, 1024)  # the first: made
+    assert len(collections) == 1 and not garbage.owed
+    clock[0] += 2.0
+    garbage.after_compile(1, 1024)  # 2 s since one that took 1 s: put off
+    assert len(collections) == 1 and garbage.owed
+    garbage.after_compile(2, garbage.BIG_INPUTS)  # large inputs: made at once
+    assert len(collections) == 2 and not garbage.owed
+    garbage.after_compile(3, 0)
+    assert garbage.owed
+    clock[0] += 3.9
+    garbage.pay(3)
+    assert len(collections) == 2 and garbage.owed
+    clock[0] += 0.1
+    garbage.pay(3)  # 4 s since it ended: made
+    assert len(collections) == 3 and not garbage.owed
+
+
+def test_input_bytes_counts_the_tensors_that_are_not_weights() -> None:
+    from tensortorrent_dynamo.cost_graph import ParamRef
+    from tensortorrent_dynamo.session import input_bytes
+
+    weight = ParamRef("w", 1, "w", 64, "float32", (16,), ())
+    cost: Any = types.SimpleNamespace(params=(weight,))
+    args = [torch.zeros(8), torch.zeros(16), 3, torch.empty(4, device="meta")]
+    assert input_bytes(args, cost) == 32
