@@ -132,7 +132,9 @@ class Settings:
         "once and read back each run (default: <cache dir>/offload)",
     )
     checkpoint: str | None = _option(
-        None, help="safetensors file with the weights of a model built on the meta device"
+        None,
+        help="safetensors checkpoint with the weights of a model built on the meta device: a "
+        "file, or a sharded one's index (*.safetensors.index.json) or directory",
     )
     stream_chunk_bytes: int | None = _option(
         DEFAULT_STREAM_CHUNK_BYTES,
@@ -394,8 +396,10 @@ def parse_options(options: Mapping[str, Any] | None = None, **overrides: Any) ->
         offload_dir = str(Path(offload_dir).expanduser().resolve())
     checkpoint = merged.get("checkpoint")
     if checkpoint is not None:
-        if not isinstance(checkpoint, (str, os.PathLike)) or not Path(checkpoint).is_file():
-            raise OptionsError(f"option 'checkpoint': no safetensors file at {checkpoint!r}")
+        if not isinstance(checkpoint, (str, os.PathLike)) or not Path(checkpoint).exists():
+            raise OptionsError(
+                f"option 'checkpoint': no safetensors file, index or directory at {checkpoint!r}"
+            )
         checkpoint = str(Path(checkpoint).resolve())
 
     chunk_option = merged.get("stream_chunk_bytes", _default("stream_chunk_bytes"))

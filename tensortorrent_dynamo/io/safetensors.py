@@ -1,8 +1,10 @@
 """Safetensors files: where each tensor of one is, from its header alone, and writing one.
 
-:func:`safetensors_locations` indexes a safetensors checkpoint from its header alone, and
-:func:`write_safetensors` writes one atomically (no dependency on the safetensors package):
-to a temporary name, flushed and renamed, so a crash leaves the previous file readable.
+:func:`safetensors_locations` indexes a safetensors checkpoint from its header alone,
+:func:`checkpoint_files` finds the files of a checkpoint sharded over several (its index,
+as ``save_pretrained`` writes a large model), and :func:`write_safetensors` writes one
+atomically (no dependency on the safetensors package): to a temporary name, flushed and
+renamed, so a crash leaves the previous file readable.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from . import page_cache
 from .locations import TensorLocation, block_checksums, dense
 from .page_cache import _round_up
 
-__all__ = ["safetensors_locations", "write_safetensors"]
+__all__ = ["checkpoint_files", "safetensors_locations", "write_safetensors"]
 
 # The safetensors package refuses headers above this size; so do we.
 _MAX_HEADER_BYTES = 100_000_000
@@ -149,6 +151,52 @@ def _atomic_create(path: Path) -> Iterator[BinaryIO]:
         temp.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+_INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The safetensors files of the checkpoint at ``path``: ``path`` itself; or the shards
+    named by an index (``path`` the index, ``*.safetensors.index.json``, whose
+    ``weight_map`` maps each tensor to its shard, as transformers' and diffusers'
+    ``save_pretrained`` write a large model); or, for a directory, those of the one index
+    in it, else its one safetensors file. Raises :class:`CheckpointError` saying what was
+    found instead. The shards' own headers say where each tensor is; the index says only
+    which files to read."""
+    where = Path(os.path.abspath(path))
+    if where.is_dir():
+        indexes = sorted(where.glob(f"*{_INDEX_SUFFIX}"))
+        files = sorted(where.glob("*.safetensors"))
+        if len(indexes) == 1:
+            where = indexes[0]
+        elif len(indexes) > 1 or len(files) != 1:
+            found = ", ".join(f.name for f in [*indexes, *files]) or "nothing of the kind"
+            raise CheckpointError(
+                f"{where}: a checkpoint directory must hold one *{_INDEX_SUFFIX} (a sharded "
+                f"checkpoint) or one *.safetensors file; found {found}. Pass the file to use"
+            )
+        else:
+            return files
+    if not where.name.endswith(_INDEX_SUFFIX):
+        return [where]
+    try:
+        weight_map = json.loads(where.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{where}: not a safetensors index (a JSON object whose weight_map maps each "
+            f"tensor's name to its shard's file name): {type(exc).__name__}: {exc}"
+        ) from None
+    if not shards or not all(isinstance(s, str) and Path(s).name == s for s in shards):
+        raise CheckpointError(f"{where}: its weight_map names no shard, or names one elsewhere")
+    missing = [s for s in shards if not (where.parent / s).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{where}: {len(missing)} of its {len(shards)} shards are not beside it "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
+    return [where.parent / s for s in shards]
 
 
 def safetensors_locations(path: str | os.PathLike[str]) -> dict[str, TensorLocation]:

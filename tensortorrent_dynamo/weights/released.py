@@ -47,7 +47,7 @@ from ..errors import CheckpointError, OffloadError, ReplacedWeightError
 from ..io.locations import FileGuard, TensorLocation, dense
 from ..io.page_cache import PAGE_BYTES
 from ..io.pagemap import copied_ranges, pages_copied
-from ..io.safetensors import safetensors_locations
+from ..io.safetensors import checkpoint_files, safetensors_locations
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,9 @@ def _mapped(location: TensorLocation) -> torch.Tensor | None:
 
 def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int:
     """Point every meta parameter and buffer of ``model`` at its bytes in the safetensors
-    file ``path``; returns how many were bound. Nothing is read but the file's header.
+    checkpoint ``path`` (a file, or one sharded over several: its index or its directory,
+    see :func:`~..io.safetensors.checkpoint_files`); returns how many were bound. Nothing is
+    read but the files' headers.
 
     A checkpoint holds a tied weight once, under one of its names (transformers' keep the
     input embedding, not the output head): a model with a ``tie_weights()`` method
@@ -385,7 +387,14 @@ def bind_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]) -> int
     Raises :class:`CheckpointError` when a meta tensor is missing from the file or differs
     from it in shape or dtype.
     """
-    locations = _guarded(safetensors_locations(path), Path(os.path.abspath(path)))
+    locations: dict[str, TensorLocation] = {}
+    for file in checkpoint_files(path):
+        for key, location in _guarded(safetensors_locations(file), file).items():
+            if key in locations:
+                raise CheckpointError(
+                    f"{path}: {key!r} is in two of its files, {locations[key].path} and {file}"
+                )
+            locations[key] = location
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):
         tie_weights()

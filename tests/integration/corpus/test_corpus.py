@@ -337,17 +337,26 @@ def _built_on_meta(model: torch.nn.Module) -> torch.nn.Module:
         {"t5-disk"},
     ),
 )
+@pytest.mark.parametrize("sharded", [False, True], ids=["one_file", "sharded"])
 def test_entry_built_on_meta_runs_from_the_checkpoint_it_saved(
-    entry: Entry, budget: str, tmp_path: Path
+    entry: Entry, budget: str, sharded: bool, tmp_path: Path
 ) -> None:
     """``save_pretrained`` writes the checkpoint (a tied weight once: GPT-2's, T5's and
-    BERT's output heads are their embeddings); the model built again on the meta device
-    runs from it, in RAM (no budget) or with a third of its bytes in RAM and the rest read
-    from the file: two calls match the saved model's. The tied heads were refused as
-    missing from the file."""
+    BERT's output heads are their embeddings), in one file or sharded over four with an
+    index (as it writes a large model); the model built again on the meta device runs from
+    it, in RAM (no budget) or with a third of its bytes in RAM and the rest read from the
+    files: two calls match the saved model's. The tied heads were refused as missing from
+    the file; a sharded checkpoint could not be given."""
     reference = entry.build()
-    reference.save_pretrained(tmp_path / "saved")  # type: ignore[operator]
-    (checkpoint,) = (tmp_path / "saved").glob("*.safetensors")
+    saved = tmp_path / "saved"
+    if sharded:
+        quarter = param_bytes(reference) // 4
+        reference.save_pretrained(saved, max_shard_size=quarter)  # type: ignore[operator]
+        assert len(list(saved.glob("*.safetensors"))) > 1
+        checkpoint = saved
+    else:
+        reference.save_pretrained(saved)  # type: ignore[operator]
+        (checkpoint,) = saved.glob("*.safetensors")
     model = _built_on_meta(reference)
     opts: dict[str, Any] = {"checkpoint": str(checkpoint), "compiler": "eager"}
     if budget == "disk":

@@ -4,6 +4,7 @@ registry of where each released tensor's bytes are."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 from pathlib import Path
 
@@ -96,6 +97,61 @@ def test_every_meta_tensor_is_bound_to_its_bytes_in_the_file_mapped(tmp_path: Pa
     assert isinstance(model.lin.weight, nn.Parameter) and model.lin.weight.requires_grad
     assert not isinstance(model.scale, nn.Parameter)
     assert model.scale in list(model.buffers())
+
+
+def _sharded(directory: Path, state: dict[str, torch.Tensor], shards: int = 2) -> Path:
+    """``state`` written over ``shards`` files with an index, as ``save_pretrained`` writes a
+    large model; returns the index's path."""
+    directory.mkdir()
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: state[n] for n in names[i::shards]}
+        _checkpoint(directory / file, part)
+        weight_map |= dict.fromkeys(part, file)
+    index = directory / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index
+
+
+@pytest.mark.parametrize("given", ["index", "directory"])
+def test_a_sharded_checkpoint_is_bound_by_its_index_or_directory(
+    tmp_path: Path, given: str
+) -> None:
+    real = _real()
+    index = _sharded(tmp_path / "saved", _unique_state(real))
+    model = _meta()
+    assert bind_checkpoint(model, index if given == "index" else index.parent) == 4
+    files = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        location = released_location(tensor)
+        assert location is not None and holds_its_file(tensor), name
+        files.add(location.path.name)
+        torch.testing.assert_close(tensor, real.state_dict()[name])
+    assert len(files) == 2
+
+
+def test_a_checkpoint_that_cannot_be_read_as_one_says_why(tmp_path: Path) -> None:
+    state = _unique_state(_real())
+    index = _sharded(tmp_path / "saved", state)
+    # a tensor in two shards
+    _checkpoint(tmp_path / "saved" / "model-00002-of-00002.safetensors", state)
+    with pytest.raises(CheckpointError, match="is in two of its files"):
+        bind_checkpoint(_meta(), index)
+    # a shard missing
+    (tmp_path / "saved" / "model-00001-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"1 of its 2 shards are not beside it"):
+        bind_checkpoint(_meta(), index)
+    # not an index
+    index.write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="not a safetensors index"):
+        bind_checkpoint(_meta(), index)
+    # a directory of several files and no index
+    index.unlink()
+    _checkpoint(tmp_path / "saved" / "other.safetensors", state)
+    with pytest.raises(CheckpointError, match=r"must hold one .*found model-00002"):
+        bind_checkpoint(_meta(), tmp_path / "saved")
 
 
 def test_tied_weights_share_one_placeholder(tmp_path: Path) -> None:
