@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,8 @@ from .run.ops import global_hooks
 from .session import CompiledGraph
 from .settings import parse_options
 from .weights.released import bind_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 class CompiledModule(torch.nn.Module):
@@ -221,12 +224,34 @@ def compile(
 
 
 def _check_no_meta(model: torch.nn.Module) -> None:
-    """Refuse a model with meta tensors left: Dynamo cannot run it and nothing holds its weights."""
-    meta = [
-        name
-        for name, t in [*model.named_parameters(), *model.named_buffers()]
-        if t.device.type == "meta"
-    ]
+    """Refuse a model with meta tensors left: Dynamo cannot run it and nothing holds its
+    weights. Those of a module Accelerate's offload hooks hold the weights of (a model
+    dispatched with ``cpu_offload``, ``disk_offload`` or a ``device_map`` offloading to the
+    CPU or disk) are put in place by the hooks at each call, as with ``torch.compile``:
+    allowed, with a warning that they are outside the plan and its budgets."""
+    meta: list[str] = []
+    hooked: list[str] = []
+
+    def walk(module: torch.nn.Module, prefix: str, held: bool) -> None:
+        held = held or hasattr(module, "_hf_hook")  # a hook places its submodules' too
+        for name, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is not None and t.device.type == "meta":
+                (hooked if held else meta).append(prefix + name)
+        for name, child in module.named_children():
+            walk(child, f"{prefix}{name}.", held)
+
+    walk(model, "", False)
+    if hooked:
+        log.warning(
+            "%d tensor(s) of the model are on the meta device, their weights held by "
+            "Accelerate's offload hooks (%s%s), which put them in place at each call: they "
+            "are moved eagerly, outside the plan and its budgets. To have TensorTorrent place "
+            "them, load the model without offloading (on the meta device, with checkpoint= "
+            "naming its safetensors files)",
+            len(hooked),
+            ", ".join(hooked[:3]),
+            ", ..." if len(hooked) > 3 else "",
+        )
     if meta:
         listed = ", ".join(meta[:4]) + (", ..." if len(meta) > 4 else "")
         raise CheckpointError(

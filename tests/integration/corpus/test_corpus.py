@@ -391,6 +391,35 @@ def test_a_checkpoint_whose_names_are_not_the_models_is_refused_with_the_way_out
         assert_same(compiled(**entry.inputs(0)), reference(**entry.inputs(0)))
 
 
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    "how", ["cpu_offload", pytest.param("disk_offload", marks=pytest.mark.corpus_full)]
+)
+def test_a_model_offloaded_by_accelerate_runs_with_a_warning(
+    how: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model dispatched by Accelerate with offloading has its weights on the meta device,
+    held by hooks that put them in place at each call: as with ``torch.compile``, it runs
+    and matches eager, with a warning that those weights are outside the plan. Before,
+    ``tt.compile`` refused it as weights missing from any checkpoint."""
+    import accelerate
+
+    entry = BY_NAME["llama"]
+    model = entry.build()
+    with torch.no_grad():
+        expected = model(**entry.inputs(0))
+    if how == "cpu_offload":
+        accelerate.cpu_offload(model, execution_device="cpu")
+    else:
+        accelerate.disk_offload(model, str(tmp_path / "accelerate"), execution_device="cpu")
+    with caplog.at_level("WARNING", logger="tensortorrent_dynamo"):
+        compiled = tt.compile(model, **disk_options(model, tmp_path / "offload"))
+    assert any("Accelerate's offload hooks" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_same(compiled(**entry.inputs(0)), expected)
+
+
 @pytest.mark.inductor
 def test_inductor_compiles_a_third_party_models_functional_graph() -> None:
     """The host segment of a real model compiles with Inductor, not falling back to eager
