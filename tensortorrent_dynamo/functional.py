@@ -71,6 +71,63 @@ def _source(node: torch.fx.Node) -> str:
     return str(name() if callable(name) else name)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Flat:
+    """Dynamo's inputs as the functional graph takes them: a tensor subclass (a quantized
+    weight: ``torchao``'s, say) taken apart into the plain tensors it holds, as AOTAutograd
+    takes it apart (``__tensor_flatten__``, depth first), each part of a parameter a
+    parameter of its own, named ``<fqn>.<attribute>``. AOTAutograd's metadata (which inputs
+    are written) then counts these positions."""
+
+    values: Sequence[Any]  # ``values`` itself when no input is a subclass
+    params: dict[int, str]  # position -> fqn of each parameter or buffer (part)
+    owners: Sequence[int]  # position -> the index of the Dynamo input it is (part of)
+    parts: set[int]  # the positions that are parts of a subclass
+
+
+def _flattened(values: Sequence[Any], names: Mapping[int, str]) -> _Flat:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not any(is_traceable_wrapper_subclass(v) for v in values):
+        return _Flat(values, dict(names), range(len(values)), set())
+    flat: list[Any] = []
+    params: dict[int, str] = {}
+    owners: list[int] = []
+    parts: set[int] = set()
+
+    def add(value: Any, owner: int, name: str | None, part: bool) -> None:
+        if not is_traceable_wrapper_subclass(value):
+            if name is not None:
+                params[len(flat)] = name
+            if part:
+                parts.add(len(flat))
+            owners.append(owner)
+            flat.append(value)
+            return
+        attrs, _ = value.__tensor_flatten__()
+        for attr in attrs:
+            add(getattr(value, attr), owner, None if name is None else f"{name}.{attr}", True)
+
+    for i, value in enumerate(values):
+        add(value, i, names.get(i), False)
+    return _Flat(flat, params, owners, parts)
+
+
+def _same_meta(fake: Any, real: Any) -> bool:
+    """Whether a functional graph's input and the real value matched to it agree (shape and
+    dtype of a tensor; a size passes)."""
+    if not isinstance(fake, torch.Tensor):
+        return not isinstance(real, torch.Tensor)
+    return (
+        isinstance(real, torch.Tensor)
+        and fake.dtype == real.dtype
+        and len(fake.shape) == len(real.shape)
+        and all(
+            not isinstance(f, int) or f == r for f, r in zip(fake.shape, real.shape, strict=True)
+        )
+    )
+
+
 def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
     raise UnsupportedNodeError(
         "TensorTorrent runs inference only; call the model under torch.no_grad() "
@@ -101,12 +158,6 @@ def functional(
     ]
 
     def fw_compiler(aten: torch.fx.GraphModule, fakes: Sequence[Any]) -> Any:
-        if len(fakes) != len(values):
-            raise UnsupportedNodeError(
-                f"the functional graph takes {len(fakes)} inputs where Dynamo's graph takes "
-                f"{len(values)} (AOTAutograd merged duplicated or aliased inputs); "
-                "TensorTorrent cannot match them to the model's tensors"
-            )
         context = torch._guards.TracingContext.try_get()
         metadata = context.fw_metadata if context is not None else None
         written: set[int] = set()
@@ -121,15 +172,32 @@ def functional(
             # AOTAutograd returns the new value of each of these as output k
             runtime = list(getattr(metadata, "mutated_inp_runtime_indices", ()))
             state = [(i, k) for k, i in enumerate(runtime) if metadata.input_info[i].mutates_data]
+        flat = _flattened(values, names)
+        if len(fakes) != len(flat.values) or not all(
+            _same_meta(f, v) for f, v in zip(fakes, flat.values, strict=True)
+        ):
+            raise UnsupportedNodeError(
+                f"the functional graph takes {len(fakes)} inputs where Dynamo's graph takes "
+                f"{len(values)} ({len(flat.values)} with tensor subclasses taken apart; "
+                "AOTAutograd merged duplicated or aliased inputs); TensorTorrent cannot match "
+                "them to the model's tensors"
+            )
+        if written & flat.parts:
+            raise UnsupportedNodeError(
+                "the graph writes an input that is a tensor subclass (a quantized weight or "
+                "the like): TensorTorrent plans tensor subclasses only as inputs the graph "
+                "reads"
+            )
         placeholders = [n.name for n in aten.graph.nodes if n.op == "placeholder"]
         for node in aten.graph.nodes:  # the key the passes read, as in Dynamo's graphs
             if "val" in node.meta:
                 node.meta.setdefault("example_value", node.meta["val"])
+        owners = flat.owners
         inputs = GraphInputs(
-            values=tuple(values),
-            params={i: fqn for i, fqn in names.items() if i not in written},
-            mutated=tuple(names[i] for i in sorted(written) if i in names),
-            state=tuple((placeholders[i], k, sources[i]) for i, k in state),
+            values=tuple(flat.values),
+            params={i: fqn for i, fqn in flat.params.items() if i not in written},
+            mutated=tuple(names[owners[i]] for i in sorted(written) if owners[i] in names),
+            state=tuple((placeholders[i], k, sources[owners[i]]) for i, k in state),
         )
         if inputs.mutated:
             log.info(

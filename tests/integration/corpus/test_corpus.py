@@ -269,6 +269,53 @@ def test_entry_with_hooks_added_after_compiling_matches_eager(
         assert_same(compiled(**kwargs), expected, "hooks removed")
 
 
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases(
+            [BY_NAME[name] for name in ("llama", "t5", "bert", "flux")], (*BUDGETS, "disk"), False
+        ),
+        {"llama-disk"},
+    ),
+)
+@pytest.mark.parametrize("scheme", ["int8_weight_only", "int8_dynamic"])
+def test_entry_quantized_with_torchao_matches_eager(
+    entry: Entry, budget: str, scheme: str, tmp_path: Path
+) -> None:
+    """Weights quantized by ``torchao`` (``quantize_``: int8 weights, and int8 activations
+    too) are tensor subclasses, which AOTAutograd takes apart into their plain tensors (the
+    int8 data and its scales): each part is planned as a weight of its own (kept, streamed,
+    or read from disk), and two calls match the quantized model run eagerly. Before, every
+    budget was refused (``the functional graph takes 99 inputs where Dynamo's graph takes
+    41``)."""
+    from torchao.quantization import (
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
+
+    model = entry.build()
+    config = (
+        Int8WeightOnlyConfig()
+        if scheme == "int8_weight_only"
+        else Int8DynamicActivationInt8WeightConfig()
+    )
+    quantize_(model, config)
+    calls = [entry.inputs(0), entry.inputs(1)]
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    with torch.no_grad():
+        for i, kwargs in enumerate(calls):
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    names = [p.fqn for g in compiled.graphs for p in g.plan.cost.params]
+    assert any(name.endswith(".qdata") for name in names), names[:8]
+    if budget == "disk":
+        limit = opts["budgets"]["cpu"]
+        assert all(g.plan.predicted_peak("cpu") <= limit for g in compiled.graphs)
+
+
 # the attention projections a LoRA adapter is put on, by model
 LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "t5": ["q", "v"], "bert": ["query", "value"]}
 

@@ -354,3 +354,38 @@ def test_generate_through_the_compiled_module_from_two_threads_at_once() -> None
     for i in range(2):
         torch.testing.assert_close(results[i], expected[i], rtol=0, atol=0)
     assert "forward" not in model.__dict__
+
+
+@pytest.mark.parametrize(
+    ("cache", "budget"),
+    [
+        pytest.param(
+            cache,
+            budget,
+            id=f"{cache}-{budget}",
+            # one in the quick subset
+            marks=[] if (cache, budget) == ("static", "disk") else [pytest.mark.corpus_full],
+        )
+        for cache in CACHES
+        for budget in (*BUDGETS, "disk")
+    ],
+)
+@pytest.mark.corpus
+def test_generate_with_weights_quantized_by_torchao_matches_eager(
+    cache: str, budget: str, tmp_path: Path
+) -> None:
+    """A Llama whose linear weights ``torchao`` quantized to int8 (tensor subclasses, each
+    planned as its int8 data and scales) generates eager's tokens through
+    ``CompiledModule.generate`` with either cache; the static cache's buffers are written
+    in place beside the subclass weights. Before, every budget was refused."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    model = BY_NAME["llama"].build()
+    quantize_(model, Int8WeightOnlyConfig())
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    kwargs = {**_generate_kwargs(cache), "input_ids": _prompts()[1]}
+    with torch.no_grad():
+        expected = model.generate(**kwargs)
+        del kwargs["disable_compile"]  # the compiled module turns transformers' compile off
+        got = tt.compile(model, **opts).generate(**kwargs)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
