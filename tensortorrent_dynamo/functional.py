@@ -9,7 +9,8 @@ graph input returned as an output whose value AOTAutograd's runtime wrapper copi
 into the one real tensor after the call. Nothing is written on a stray copy.
 
 The functional graph takes the same inputs as Dynamo's, in the same order (with the
-module's own parameters and buffers first, where Dynamo did not lift them), so each of
+module's own parameters and buffers first, where Dynamo did not lift them, and each tensor
+subclass, a quantized weight, taken apart into the plain tensors it holds), so each of
 its inputs is matched to the real tensor Dynamo passed: :class:`GraphInputs`.
 A parameter or buffer the graph mutates is not a parameter to the planner (a resident
 copy of it would go stale): it is a graph input like an activation.
@@ -128,6 +129,12 @@ def _same_meta(fake: Any, real: Any) -> bool:
     )
 
 
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
+
+
 def _no_backward(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
     raise UnsupportedNodeError(
         "TensorTorrent runs inference only; call the model under torch.no_grad() "
@@ -173,15 +180,21 @@ def functional(
             runtime = list(getattr(metadata, "mutated_inp_runtime_indices", ()))
             state = [(i, k) for k, i in enumerate(runtime) if metadata.input_info[i].mutates_data]
         flat = _flattened(values, names)
-        if len(fakes) != len(flat.values) or not all(
-            _same_meta(f, v) for f, v in zip(fakes, flat.values, strict=True)
-        ):
+        owners = flat.owners
+        if len(fakes) != len(flat.values):
             raise UnsupportedNodeError(
                 f"the functional graph takes {len(fakes)} inputs where Dynamo's graph takes "
-                f"{len(values)} ({len(flat.values)} with tensor subclasses taken apart; "
-                "AOTAutograd merged duplicated or aliased inputs); TensorTorrent cannot match "
-                "them to the model's tensors"
+                f"{len(values)} ({len(flat.values)} with tensor subclasses taken apart): "
+                "AOTAutograd merged duplicated or aliased inputs, and TensorTorrent cannot "
+                "match them to the model's tensors"
             )
+        for i, (fake, real) in enumerate(zip(fakes, flat.values, strict=True)):
+            if not _same_meta(fake, real):
+                raise UnsupportedNodeError(
+                    f"input {i} of the functional graph ({sources[owners[i]]}) is "
+                    f"{_described(fake)} where the value matched to it is {_described(real)}: "
+                    "TensorTorrent cannot match the graph's inputs to the model's tensors"
+                )
         if written & flat.parts:
             raise UnsupportedNodeError(
                 "the graph writes an input that is a tensor subclass (a quantized weight or "
@@ -192,7 +205,6 @@ def functional(
         for node in aten.graph.nodes:  # the key the passes read, as in Dynamo's graphs
             if "val" in node.meta:
                 node.meta.setdefault("example_value", node.meta["val"])
-        owners = flat.owners
         inputs = GraphInputs(
             values=tuple(flat.values),
             params={i: fqn for i, fqn in flat.params.items() if i not in written},
