@@ -267,7 +267,7 @@ class _CompileGarbage:
             self.owed = True
 
     def pay(self, graph_index: int) -> None:
-        """Make the collection owed, once enough time has passed."""
+        """Make the collection put off earlier, once enough time has passed."""
         if self._due():
             self._collect(graph_index, "owed since an earlier compile")
 
