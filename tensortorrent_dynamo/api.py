@@ -47,6 +47,7 @@ class CompiledModule(torch.nn.Module):
         self._generating_lock = threading.Lock()
         self._own_forward: Any = None
         self._disk_bytes_read = 0
+        self._graphs_checked = False
 
     @property
     def graphs(self) -> list[CompiledGraph]:
@@ -81,6 +82,16 @@ class CompiledModule(torch.nn.Module):
         if after is not None:
             # a plain attribute write: ``nn.Module.__setattr__`` costs microseconds
             self.__dict__["_disk_bytes_read"] = after - (before or 0)
+        if not self.__dict__["_graphs_checked"]:
+            self.__dict__["_graphs_checked"] = True
+            if not self.graphs:
+                log.warning(
+                    "the first call of the compiled %s gave TensorTorrent no graph to plan: "
+                    "Dynamo ran all of it eagerly (graph breaks or code it skips; "
+                    "TORCH_LOGS=graph_breaks shows why), so nothing was planned and no budget "
+                    "applied to it",
+                    type(self.model).__name__,
+                )
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:

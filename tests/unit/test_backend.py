@@ -38,3 +38,30 @@ def test_graphs_share_a_session_per_settings_and_reset_drops_them() -> None:
     assert {s.settings.compiler for s in backend.sessions.values()} == {"eager"}
     backend.reset()
     assert backend.sessions == {} and backend.graphs == []
+
+
+def test_a_model_dynamo_runs_all_eagerly_is_said_to_have_nothing_planned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Code Dynamo skips (here a forward it is told not to compile; a quantized op it cannot
+    trace, in practice) leaves no graph: the budgets never applied, and a WARNING says so
+    once, rather than the call passing as planned."""
+    import tensortorrent as tt
+
+    class Skipped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = mlp(16, 2)
+
+        @torch._dynamo.disable
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    torch._dynamo.reset()
+    compiled = tt.compile(Skipped(), compiler="eager", budgets={"cpu": 1 << 10})
+    with caplog.at_level("WARNING", logger="tensortorrent_dynamo"), torch.no_grad():
+        for _ in range(2):
+            compiled(torch.randn(2, 16))
+    said = [r for r in caplog.records if "no graph to plan" in r.getMessage()]
+    assert len(said) == 1 and "Skipped" in said[0].getMessage()
+    assert compiled.graphs == []
