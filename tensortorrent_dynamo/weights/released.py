@@ -133,7 +133,7 @@ def _sample_of(tensor: torch.Tensor) -> _Sample | _MappedSample | None:
     return _Sample(first, second, (first.raw, second.raw))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Sample:
     """A few bytes of a dense tensor in RAM, as they were and where they are (valid while
     the tensor holds the storage they are in, which :class:`HeldBytes` checks first). The
@@ -152,7 +152,7 @@ class _Sample:
 class _MappedSample:
     """The page of a released tensor's first sample window in its file's mapping: while it
     was not copied on write the tensor is taken as unwritten (its page table entry read,
-    about 1.5 us); once it was, the tensor's bytes are compared with the file's."""
+    about 2 us); once it was, the tensor's bytes are compared with the file's."""
 
     record: _Released
     pages: tuple[int, ...]
