@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 
 import numpy as np
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 
 _PAGEMAP = "/proc/self/pagemap"
 _ENTRY_BYTES = 8
-_FEW_PAGES = 4
 _lock = threading.Lock()
 # (the process it was opened in, its descriptor): a child of ``fork`` opens its own, since
 # the parent's descriptor reads the parent's page map
@@ -69,16 +67,10 @@ def copied_ranges(address: int, nbytes: int) -> list[tuple[int, int]] | None:
     except OSError as exc:
         log.debug("cannot read %s (%s): writes through .data go unseen", _PAGEMAP, exc)
         return None
-    if len(raw) <= _FEW_PAGES * _ENTRY_BYTES:  # a sample's few pages: numpy's setup costs more
-        few = [_copied(entry) for (entry,) in struct.iter_unpack("<Q", raw)]
-        if not any(few):
-            return []
-        copied = np.array(few, dtype=bool)
-    else:
-        flags = np.frombuffer(raw, dtype="<u8") >> np.uint64(61)  # bits 63, 62, 61
-        copied = (flags == 0b100) | ((flags & np.uint64(0b010)) != 0)
-        if not copied.any():
-            return []
+    flags = np.frombuffer(raw, dtype="<u8") >> np.uint64(61)  # bits 63, 62, 61, as _copied
+    copied = (flags == 0b100) | ((flags & np.uint64(0b010)) != 0)
+    if not copied.any():
+        return []
     # runs of copied pages: where the flag turns on and off
     edges = np.flatnonzero(np.diff(np.concatenate(([False], copied, [False])).astype(np.int8)))
     ranges = []
