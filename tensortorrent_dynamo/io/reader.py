@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..errors import OffloadError
-from ..threads import worker_pool
+from ..threads import WorkerPool
 from . import page_cache
 from .locations import TensorLocation
 from .page_cache import PAGE_BYTES, _round_up
@@ -200,8 +200,8 @@ class DiskReader:
         self.threads = threads
         self.chunk_bytes = chunk_bytes
         self.inline_bytes = inline_bytes
-        self._executor = worker_pool(threads, "tensortorrent-disk")
-        self._verifier = worker_pool(VERIFY_THREADS, "tensortorrent-verify")
+        self._executor = WorkerPool(threads, "tensortorrent-disk")
+        self._verifier = WorkerPool(VERIFY_THREADS, "tensortorrent-verify")
         self._lock = threading.Lock()
         self._files: dict[Path, _OpenFile] = {}
         self._replaced: list[_OpenFile] = []  # may still be read from; closed by close()

@@ -16,14 +16,13 @@ Every copy lands in the layout of :func:`landing`.
 from __future__ import annotations
 
 import abc
-import concurrent.futures
 import threading
 from collections.abc import Callable
 
 import torch
 
 from ..io.locations import TensorLocation
-from ..threads import worker_pool
+from ..threads import WorkerPool
 from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle, wait_for
 from .record import Recorder
 
@@ -114,15 +113,15 @@ class CudaEngine(CopyEngine):
         super().__init__(device, recorder)
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._h2d: tuple[torch.cuda.Stream, concurrent.futures.ThreadPoolExecutor] | None = None
+        self._h2d: tuple[torch.cuda.Stream, WorkerPool] | None = None
         self._d2h: torch.cuda.Stream | None = None
 
-    def _h2d_engine(self) -> tuple[torch.cuda.Stream, concurrent.futures.ThreadPoolExecutor]:
+    def _h2d_engine(self) -> tuple[torch.cuda.Stream, WorkerPool]:
         with self._lock:
             if self._h2d is None:
                 self._h2d = (
                     torch.cuda.Stream(self.device),  # type: ignore[no-untyped-call]
-                    worker_pool(1, f"tt-{self.device}-h2d"),
+                    WorkerPool(1, f"tt-{self.device}-h2d"),
                 )
             return self._h2d
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import VirtualDeviceOutOfMemory
 from ..io.locations import TensorLocation
-from ..threads import worker_pool
+from ..threads import WorkerPool
 from ..units import format_bytes
 from .copies import CopyEngine, landing
 from .handles import DEFAULT_IO_TIMEOUT_S, PrefetchHandle, wait_for
@@ -89,8 +89,8 @@ class VirtualDevice:
         # id -> the tensors held here between calls (``hold``): a graph's state
         self._held: dict[int, weakref.ref[torch.Tensor]] = {}
         self._lock = threading.Lock()
-        self.h2d = worker_pool(1, f"tt-{name}-h2d")
-        self.d2h = worker_pool(1, f"tt-{name}-d2h")
+        self.h2d = WorkerPool(1, f"tt-{name}-h2d")
+        self.d2h = WorkerPool(1, f"tt-{name}-d2h")
 
     def owns(self, tensor: torch.Tensor) -> bool:
         with self._lock:

@@ -427,3 +427,50 @@ def test_a_model_of_several_graphs_fits_the_host_budget_as_a_whole(tmp_path: Pat
     )
     held = in_ram + graphs[0].runtime.resident_bytes("cpu")
     assert held <= budget, f"{held} bytes held in RAM over a {budget} budget"
+
+
+_FORKED_RUN = """
+import multiprocessing, sys, tempfile, torch
+import tensortorrent as tt
+from tests.models import mlp, param_bytes
+
+def work(x):
+    torch.set_num_threads(1)  # OpenMP's threads are not forked: a parallel op would hang
+    with torch.no_grad():
+        return compiled(x), compiled.disk_bytes_read()
+
+model, x = mlp(512, 8), torch.randn(4, 512)
+with torch.no_grad():
+    expected = model(x)
+compiled = tt.compile(
+    model, (x,), budgets={"cpu": param_bytes(model) // 3}, offload_dir=sys.argv[1],
+    compiler="eager", io_timeout_s=20,
+)
+with torch.no_grad():
+    compiled(x)
+with multiprocessing.get_context("fork").Pool(1) as pool:
+    got, read = pool.apply_async(work, (x,)).get(timeout=60)
+torch.testing.assert_close(got, expected)
+assert read > 2**20, read  # whole weights of 1 MiB, on the reader's threads
+got, read = work(x)  # and the parent's threads still read
+torch.testing.assert_close(got, expected)
+assert read > 2**20, read
+print("ok")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_a_forked_worker_reads_the_weights_on_threads_of_its_own(tmp_path: Path) -> None:
+    """A model compiled, then used in a ``multiprocessing`` worker forked from the process
+    (how a pool starts on Linux): the worker reads the weights on disk on reader threads
+    of its own, the parent's not being there; it used to wait for them until the read's
+    timeout."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FORKED_RUN), str(tmp_path / "offload")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.split()[-1:] == ["ok"], done.stderr[-3000:]
