@@ -466,10 +466,14 @@ class Session:
                 listed = ", ".join(weights[:3]) + (", ..." if len(weights) > 3 else "")
                 log.warning(
                     "the graphs of Dynamo frame %s run for more than one module (a second "
-                    "module's weights: %s): a graph break inside a module the model repeats "
-                    "(a layer; output_attentions=True makes one in many models) makes every "
-                    "repeat run its own small graphs, each planned apart, which is slower than "
-                    "one graph for the model. TORCH_LOGS=graph_breaks shows where it breaks",
+                    "module's weights: %s): each module the model repeats (a layer) runs "
+                    "graphs of its own, planned apart, which is slower than one graph for the "
+                    "model when weights stream (a layer's reads cannot start during the layer "
+                    "before). Either each layer was compiled on its own (module.compile() per "
+                    "layer, diffusers' compile_repeated_blocks): compile the whole model "
+                    "instead; or a graph break inside the layer makes a frame of it "
+                    "(output_attentions=True makes one in many models): TORCH_LOGS=graph_breaks "
+                    "shows where it breaks",
                     frame,
                     listed or "none",
                 )

@@ -101,3 +101,50 @@ def test_every_layer_computes_with_its_own_weights(
         peaks = {g.plan.graph_index: g.runtime.virtual["virtual:0"].ledger.peak for g in graphs}
         limit = opts["budgets"]["virtual:0"]
         assert all(0 < p <= limit for p in peaks.values()), f"peaks over {limit} B: {peaks}"
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(self.a(x).relu())
+
+
+@pytest.mark.parametrize("budget", ["third", "disk"])
+def test_layers_compiled_one_by_one_compute_with_their_own_weights(
+    budget: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regional compilation (each layer compiled on its own, as diffusers'
+    ``compile_repeated_blocks`` does): the layers share one Dynamo frame and its graph;
+    each layer's weights are planned apart, named apart, within the budgets shared by all,
+    and the warning says what it costs and what to do instead."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), *(Layer() for _ in range(LAYERS))).eval()
+    x = torch.randn(8, WIDTH)
+    with torch.no_grad():
+        expected = model(x)
+    opts = _options(budget, model, tmp_path)
+    if budget == "disk":  # a third: a layer reads both its weights at once
+        opts["budgets"]["cpu"] = param_bytes(model) // 3
+    for layer in model[1:]:
+        layer.compile(backend="tensortorrent", options=opts)
+    for _ in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), expected)
+    graphs = tt.tensortorrent_backend.graphs
+    assert len(graphs) == LAYERS
+    names = [p.fqn for g in graphs for p in g.plan.cost.params]
+    assert len(names) == len(set(names)) == 4 * LAYERS, names
+    told = [r.getMessage() for r in caplog.records if "run for more than one module" in r.message]
+    assert len(told) == 1 and "compile the whole model instead" in told[0], told
+    if budget == "disk":
+        limit = opts["budgets"]["cpu"]
+        assert any(r.reads_from_disk for g in graphs for r in g.plan.residency)
+        peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
+    else:
+        limit = opts["budgets"]["virtual:0"]
+        assert any(r.streams for g in graphs for r in g.plan.residency)
+        peaks = {g.plan.graph_index: g.runtime.virtual["virtual:0"].ledger.peak for g in graphs}
+    assert all(0 < p <= limit for p in peaks.values()), f"peaks over {limit} B: {peaks}"

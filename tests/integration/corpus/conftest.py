@@ -51,6 +51,7 @@ _CASE_KEYS = {
     "test_entry_with_hooks_added_after_compiling_matches_eager": (
         "hooks added after compiling budget={budget}"
     ),
+    "test_entry_compiled_block_by_block_matches_eager": ("compiled block by block budget={budget}"),
     "test_entry_quantized_with_torchao_matches_eager": ("quantized with torchao budget={budget}"),
     "test_entry_built_under_inference_mode_matches_eager": (
         "built under inference_mode budget={budget}"

@@ -18,6 +18,7 @@ import tensortorrent as tt
 from tests.mapped import holds_its_file
 
 from .harness import (
+    DEVICE,
     INFERENCE_CONTEXTS,
     assert_same,
     assert_tensors_equal,
@@ -269,6 +270,74 @@ def test_entry_with_hooks_added_after_compiling_matches_eager(
         assert_same(compiled(**kwargs), model(**kwargs), "with a hook changing the output")
         change.remove()
         assert_same(compiled(**kwargs), expected, "hooks removed")
+
+
+def _compile_block_by_block(model: torch.nn.Module, opts: dict[str, Any]) -> int:
+    """Compile each block ``model`` repeats on its own, as its users do (regional
+    compilation): diffusers' ``compile_repeated_blocks``, else each outermost module of a
+    class transformers will not split across devices (``_no_split_modules``: its layers).
+    Returns how many were compiled."""
+    repeated = getattr(model, "_repeated_blocks", None)
+    if repeated:
+        cast("Any", model).compile_repeated_blocks(backend="tensortorrent", options=opts)
+        return sum(type(m).__name__ in repeated for m in model.modules())
+    classes = set(getattr(model, "_no_split_modules", None) or ())
+    compiled = 0
+
+    def walk(module: torch.nn.Module) -> None:
+        nonlocal compiled
+        for child in module.children():
+            if type(child).__name__ in classes:
+                child.compile(backend="tensortorrent", options=opts)
+                compiled += 1
+            else:
+                walk(child)
+
+    walk(model)
+    return compiled
+
+
+BLOCK_BY_BLOCK_MODELS = (
+    "llama", "mixtral", "gemma3", "jamba", "t5", "whisper", "bert", "vit", "unet2d_condition",
+    "flux", "wan", "qwenimage",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases([BY_NAME[name] for name in BLOCK_BY_BLOCK_MODELS], ("third", "disk"), False),
+        {"llama-third", "flux-disk"},
+    ),
+)
+def test_entry_compiled_block_by_block_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """Each repeated block compiled on its own (regional compilation, which diffusers and
+    transformers recommend to compile faster): the blocks share a Dynamo frame and its
+    graph, each block's weights are planned apart (named apart), and the budget is one for
+    all of them: two calls match eager, and no block's plan goes over it."""
+    model = entry.build()
+    calls = [entry.inputs(0), entry.inputs(1)]
+    with torch.no_grad():
+        expected = [model(**kwargs) for kwargs in calls]
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    assert _compile_block_by_block(model, opts) > 1
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i]():
+            assert_same(model(**kwargs), expected[i], f"call {i + 1}")
+    graphs = tt.tensortorrent_backend.graphs
+    names = {p.fqn for g in graphs for p in g.plan.cost.params}
+    assert any(name.endswith("@1") for name in names), f"blocks named apart: {sorted(names)}"
+    if budget == "disk":
+        limit = opts["budgets"]["cpu"]
+        assert any(r.reads_from_disk for g in graphs for r in g.plan.residency)
+        peaks = {g.plan.graph_index: g.plan.predicted_peak("cpu") for g in graphs}
+    else:
+        limit = budget_bytes(budget, model)
+        assert any(r.streams for g in graphs for r in g.plan.residency)
+        peaks = {g.plan.graph_index: g.runtime.virtual[DEVICE].ledger.peak for g in graphs}
+    assert all(p <= limit for p in peaks.values()), f"peaks over {limit} B: {peaks}"
 
 
 @pytest.mark.parametrize(("entry", "budget"), FOUR_FAMILIES)
