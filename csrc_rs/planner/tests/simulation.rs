@@ -485,6 +485,32 @@ fn a_view_keeps_its_base_alive_until_it_is_freed() {
 }
 
 #[test]
+fn a_value_another_device_reads_stays_until_its_segment_returns_it() {
+    // input (host) -> made (acc, 1 MB) -> on_host (host); on the
+    // accelerator, after made: pause (10 ms of compute) -> after (1 MB) ->
+    // last; out (host) reads on_host and last. The runtime copies made to
+    // the host once the accelerator's segment (made, pause, after, last)
+    // returns it, so made is still there when after is made, though its copy
+    // would have taken 1 ms.
+    let mut b = Builder::default();
+    let input = b.input(1000);
+    let made = b.node(1e6, 1_000_000, false, &[input]);
+    let pause = b.node(1e10, 1000, false, &[input]);
+    let after = b.node(1e6, 1_000_000, false, &[pause]);
+    let last = b.node(1e6, 1000, false, &[after]);
+    let on_host = b.node(1e3, 1000, false, &[made]);
+    let out = b.node(1e3, 1000, false, &[on_host, last]);
+    b.output(out);
+    let g = b.build();
+    let devices = exact_devices();
+    let placement = [0, 1, 1, 1, 1, 0, 0];
+    let sim = simulate(&g, &devices, &placement, &[], 1).unwrap();
+    // input's copy, made, after and last at once (pause freed once after is
+    // done)
+    assert_eq!(sim.peak_bytes[1], 1000 + 1_000_000 + 1_000_000 + 1000);
+}
+
+#[test]
 fn each_read_takes_its_cpu_from_the_host_when_issued() {
     // Both weights (1 MB each) on disk at 1 GB/s, both reads issued at the
     // start (depth 2): W0 is in at 1 ms. Each read charges the host's

@@ -292,8 +292,8 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 BLOCK_BY_BLOCK_MODELS = (
-    "llama", "mixtral", "gemma3", "jamba", "t5", "whisper", "bert", "vit", "flux", "wan",
-    "qwenimage",
+    "llama", "mixtral", "gemma3", "jamba", "qwen3_next", "t5", "whisper", "bert", "vit", "flux",
+    "wan", "qwenimage",
 )  # fmt: skip
 
 
@@ -304,13 +304,18 @@ BLOCK_BY_BLOCK_MODELS = (
         {"llama-third", "flux-disk"},
     ),
 )
+# qwen3_next's layer, compiled on its own, has symbolic sizes its padding cannot be
+# costed with: those nodes run on the host, with a warning
+@pytest.mark.filterwarnings("ignore:TensorTorrent runs .* on the CPU because they cannot be costed")
 def test_entry_compiled_block_by_block_matches_eager(
     entry: Entry, budget: str, tmp_path: Path
 ) -> None:
     """Each repeated block compiled on its own (regional compilation, which diffusers and
     transformers recommend to compile faster): the blocks share a Dynamo frame and its
     graph, each block's weights are planned apart (named apart), and the budget is one for
-    all of them: two calls match eager, and no block's plan goes over it."""
+    all of them: two calls match eager, and no block's plan goes over it. (qwen3_next at a
+    third ran over its plan, out of memory on the device, until the simulator held a value
+    read on another device until its segment returns it, as the runtime does.)"""
     model = entry.build()
     calls = [entry.inputs(0), entry.inputs(1)]
     with torch.no_grad():

@@ -30,7 +30,9 @@
 //!   the uses from the gap on, and lives there until its last consuming
 //!   segment ends;
 //! * a value lives on a device from its creation (node start or copy start)
-//!   until its last consumer there is done and its copies out completed. A
+//!   until its last consumer there is done, its copies out completed and,
+//!   when another device consumes it, its segment finished (the runtime
+//!   copies it once the segment's call returns it). A
 //!   consumer in the producer's own segment is done when it finishes; any
 //!   other consumer holds the value until its whole segment finishes (a
 //!   segment runs as one call that keeps its arguments). Graph outputs on the
@@ -1099,6 +1101,13 @@ impl Workspace {
                 reload: true,
                 holds: usize::MAX,
             });
+        }
+        // The runtime copies a value to another device once its segment returns
+        // it, so its own instance is held until that segment ends too.
+        if !spilled && self.consumer_devices.iter().any(|&cd| cd != dev) {
+            self.instances[lo].remaining += 1;
+            self.instances[lo].pending_in = sid + 1;
+            self.pending.push(lo);
         }
         for k in 0..self.consumer_devices.len() {
             let cd = self.consumer_devices[k];
