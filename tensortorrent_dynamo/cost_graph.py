@@ -10,6 +10,7 @@ happens here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
@@ -562,17 +564,24 @@ def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) ->
 
     args = torch.fx.node.map_arg(node.args, fake)
     kwargs = torch.fx.node.map_arg(node.kwargs, fake)
+    leaves = tree_flatten((args, kwargs))[0]
     fake_mode = next(
-        (
-            leaf.fake_mode
-            for leaf in tree_flatten((args, kwargs))[0]
-            if isinstance(leaf, torch._subclasses.FakeTensor)
-        ),
+        (leaf.fake_mode for leaf in leaves if isinstance(leaf, torch._subclasses.FakeTensor)),
         None,
     )
     if fake_mode is None:
         return 0.0  # no tensor inputs: nothing to count
-    with fake_mode, FlopCount() as counter:
+    # Symbolic sizes (a dynamic-shape graph's: ``constant_pad_nd``'s padding, the shapes
+    # ``linalg_solve_triangular`` is given) need the Python dispatcher, whose meta kernels
+    # take symbols where a C++ one wants ints; it costs about a tenth more compile time,
+    # so only there.
+    symbolic = any(
+        isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool))
+        or (isinstance(leaf, torch.Tensor) and not all(isinstance(d, int) for d in leaf.shape))
+        for leaf in leaves
+    )
+    dispatcher = enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+    with fake_mode, dispatcher, FlopCount() as counter:
         if node.op == "call_function":
             node.target(*args, **kwargs)  # type: ignore[operator]
         elif node.op == "call_method":
