@@ -1051,8 +1051,9 @@ impl Workspace {
         // A copy on the host: for consumers on other devices, or to spill
         // (spillable values have no other consumers).
         let spilled = spill != u32::MAX;
+        let read_elsewhere = self.consumer_devices.iter().any(|&cd| cd != dev);
         let mut host_copy = None;
-        if dev != HOST && (spilled || self.consumer_devices.iter().any(|&cd| cd != dev)) {
+        if dev != HOST && (spilled || read_elsewhere) {
             let copy = out as f64 / devices[du].d2h_bytes_per_s;
             let activity = if spilled {
                 Activity::Spill
@@ -1104,7 +1105,7 @@ impl Workspace {
         }
         // The runtime copies a value to another device once its segment returns
         // it, so its own instance is held until that segment ends too.
-        if !spilled && self.consumer_devices.iter().any(|&cd| cd != dev) {
+        if !spilled && read_elsewhere {
             self.instances[lo].remaining += 1;
             self.instances[lo].pending_in = sid + 1;
             self.pending.push(lo);
