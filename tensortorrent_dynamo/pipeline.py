@@ -114,7 +114,8 @@ def plan_and_compile(
     compilers = compile_segments(rewritten, runtime, settings)
     compiler_note = None
     if disk is None:  # re-reading weights from disk only to time a graph costs too much
-        compiler_note = keep_faster(rewritten.module, compilers, inputs)
+        read_only = {p.arg_index for p in plan.cost.params}
+        compiler_note = keep_faster(rewritten.module, compilers, inputs, read_only)
     compiled = CompiledGraph(
         plan=plan,
         module=rewritten.module,

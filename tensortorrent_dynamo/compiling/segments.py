@@ -12,7 +12,7 @@ import copy
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 import torch
@@ -162,23 +162,29 @@ def copy_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def keep_faster(
-    parent: torch.fx.GraphModule, used: dict[str, str], example_inputs: Sequence[Any]
+    parent: torch.fx.GraphModule,
+    used: dict[str, str],
+    example_inputs: Sequence[Any],
+    weights: Collection[int],
 ) -> str | None:
     """Time the graph with its Inductor segments and with them eager (the best of at least
     ``RACE_RUNS`` calls each, alternating, more while the race takes under
     ``RACE_TIME_S``) and keep Inductor unless eager is faster by more than
     ``RACE_MARGIN``; returns what was measured, or ``None`` when there was nothing to
-    compare or one forward is too slow to repeat."""
+    compare or one forward is too slow to repeat. ``weights``: the positions of the
+    inputs the graph only reads (the plan's parameters), which it is timed with as they
+    are; it gets a copy of every other one."""
     inductor = [getattr(parent, n) for n, c in used.items() if c == "inductor"]
     if not inductor:
         return None
     if not all(isinstance(a, torch.Tensor) for a in example_inputs):
         # after a dynamic-shape recompile some inputs are SymInts: nothing to time with
         return "Inductor kept: not timed (the graph has symbolic sizes)"
-    # The graph may write to its inputs (a KV cache, BatchNorm's running statistics): it is
-    # timed on copies of them, so that compiling never changes the user's tensors.
-    # Parameters are not copied (that would double the weights in memory).
-    inputs = [a if isinstance(a, torch.nn.Parameter) else copy_of(a) for a in example_inputs]
+    # The graph may write to its inputs (a KV cache, BatchNorm's running statistics, a
+    # parameter its forward updates in place): it is timed on copies of them, so that
+    # compiling never changes the user's tensors. The weights it only reads are not copied
+    # (that would double them in memory); a parameter it writes is not among them.
+    inputs = [a if i in weights else copy_of(a) for i, a in enumerate(example_inputs)]
 
     # a CUDA segment returns before its kernels finish: the time is taken once they have
     cuda = sorted({s.device for s in inductor if torch_device(s.device).type == "cuda"})

@@ -31,23 +31,28 @@ def test_cpu_segments_compile_with_inductor() -> None:
 
 class _Counting(torch.nn.Module):
     """Writes to its buffers on every call, as a static KV cache's position counter and a
-    train-mode BatchNorm do."""
+    train-mode BatchNorm do, and to a parameter (a step count kept as one, which scales the
+    output)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(16, 16)
         self.norm = torch.nn.BatchNorm1d(16)
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.steps = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls.add_(1)
-        return self.norm(self.linear(x))
+        self.steps.add_(1)
+        return self.norm(self.linear(x)) * self.steps
 
 
 @pytest.mark.inductor
 def test_compiling_never_runs_the_graph_on_the_users_tensors() -> None:
     """The compiler race times the graph on copies of its inputs: compiling plus one call
-    writes the model's buffers exactly once, and every later call as eager would."""
+    writes the model's buffers and the parameter it updates exactly once, and every later
+    call as eager would. (The parameter was timed on as it was, 200 writes more, and every
+    output scaled by them, until the race copied every input but the weights only read.)"""
     torch.manual_seed(0)
     model = _Counting().train()
     reference = copy.deepcopy(model)
@@ -57,13 +62,16 @@ def test_compiling_never_runs_the_graph_on_the_users_tensors() -> None:
     with torch.no_grad():
         reference(xs[0])
     assert int(model.calls) == 1 and int(model.norm.num_batches_tracked) == 1
+    assert float(model.steps) == 1
     for x in xs[1:]:
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), reference(x))
-    for (name, buffer), (_, expected) in zip(
-        model.named_buffers(), reference.named_buffers(), strict=True
+    for (name, tensor), (_, expected) in zip(
+        [*model.named_buffers(), *model.named_parameters()],
+        [*reference.named_buffers(), *reference.named_parameters()],
+        strict=True,
     ):
-        torch.testing.assert_close(buffer, expected, msg=name)
+        torch.testing.assert_close(tensor, expected, msg=name)
 
 
 @pytest.mark.inductor
