@@ -107,6 +107,7 @@ def _compile_functional(gm: torch.fx.GraphModule, fakes: list[Any]) -> Callable[
             if single:
                 output.args = ((output.args[0],),)
                 decomposed.recompile()
+            keep_output_strides(decomposed)
             inner = compile_fx_inner(decomposed, fakes)
     except Exception as exc:  # the usual path still may work
         log.debug("Inductor's inner compiler failed (%s: %s); compile_fx then", type(exc), exc)
@@ -117,6 +118,22 @@ def _compile_functional(gm: torch.fx.GraphModule, fakes: list[Any]) -> Callable[
         return out[0] if single else tuple(out)
 
     return call
+
+
+def keep_output_strides(gm: torch.fx.GraphModule) -> None:
+    """Have Inductor return each output of ``gm`` in the layout it was traced with, as
+    ``compile_fx`` has it for a graph's outputs (``compile_fx_inner`` alone does not): the
+    next segment was compiled for that layout, and asserts it. Left free, Inductor may
+    return a convolution's output channels-last (its layout optimization), and the next
+    segment failed on its input's strides."""
+    from torch._inductor.compile_fx import record_original_output_strides
+
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = output.args[0]
+    output.meta["user_visible_output_idxs"] = [
+        i for i, value in enumerate(returned) if isinstance(value, torch.fx.Node)
+    ]
+    record_original_output_strides(gm)
 
 
 def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +98,47 @@ def test_segments_compile_without_a_second_aotautograd(monkeypatch: pytest.Monke
     segment.use_eager = False
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), expected)
+
+
+class _Convolutions(torch.nn.Module):
+    """Residual convolution blocks (GroupNorm, SiLU, a 3x3 convolution), a UNet's shape."""
+
+    def __init__(self, channels: int = 64, blocks: int = 8) -> None:
+        super().__init__()
+        self.inp = torch.nn.Conv2d(4, channels, 3, padding=1)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.GroupNorm(8, channels),
+                torch.nn.SiLU(),
+                torch.nn.Conv2d(channels, channels, 3, padding=1),
+            )
+            for _ in range(blocks)
+        )
+        self.out = torch.nn.Conv2d(channels, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(h)
+
+
+@pytest.mark.inductor
+def test_segments_of_convolutions_pass_each_other_their_outputs_as_traced(
+    tmp_path: Path,
+) -> None:
+    """A convolution net streamed from disk, its segments compiled by Inductor: each segment
+    returns its outputs in the layout they were traced with, which the next one was compiled
+    for. (Inductor returned a convolution's output channels-last, and the next segment
+    failed on its input's strides, until its outputs were marked as the graph's.)"""
+    torch.manual_seed(0)
+    model = _Convolutions().eval()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 4, 8, 8)
+    budget = sum(p.numel() * p.element_size() for p in model.parameters()) // 3
+    compiled = tt.compile(model, budgets={"cpu": budget}, offload_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), reference(x))
+    (graph,) = compiled.graphs
+    assert len(graph.compilers) > 1 and set(graph.compilers.values()) == {"inductor"}

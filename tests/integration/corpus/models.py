@@ -1186,6 +1186,15 @@ BUDGETS = ("none", "third")
 # run: a decoder LM, an encoder-decoder, an MMDiT and a UNet
 BFLOAT16_MODELS = ("llama", "t5", "flux", "unet2d_condition")
 
+# called under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (weights in float32, the ops
+# autocast lists run in bfloat16), as mixed precision is mostly run: the casts are in the
+# traced graph, and a plain call afterwards is compiled apart (Dynamo guards on autocast)
+AUTOCAST_MODELS = ("llama", "t5", "flux")
+
+# with the options' defaults (Inductor compiles the host's segments, and the faster of it
+# and eager is kept by timing both at compile time), where the other tests run eager
+DEFAULT_COMPILER_MODELS = ("llama", "gpt2", "t5", "bert", "mamba", "flux", "unet2d_condition")
+
 # the convolution models also run in ``channels_last`` (as diffusers' and torchvision's
 # guides advise on GPUs): their 4-D weights are dense but not row-major
 CHANNELS_LAST_MODELS = ("resnet", "convnext", "unet2d_condition", "autoencoder_kl")

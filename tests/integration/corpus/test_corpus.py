@@ -26,16 +26,19 @@ from .harness import (
     check_plans,
     disk_options,
     entry_cases,
+    leaves,
     options,
     param_bytes,
     peak,
     quick_only,
 )
 from .models import (
+    AUTOCAST_MODELS,
     BFLOAT16_MODELS,
     BUDGETS,
     BY_NAME,
     CHANNELS_LAST_MODELS,
+    DEFAULT_COMPILER_MODELS,
     ENTRIES,
     EVERY_OUTPUT_MODELS,
     Entry,
@@ -133,6 +136,76 @@ def test_entry_in_bfloat16_matches_eager(entry: Entry, budget: str, tmp_path: Pa
     compiled, _ = _streamed_calls_match_eager(model, calls, budget, tmp_path)
     streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
     assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases([BY_NAME[name] for name in AUTOCAST_MODELS], ("third", "disk"), False),
+        {"llama-third"},
+    ),
+)
+# torch's, of an RMSNorm's float32 weight with a bfloat16 input (flux's, in eager as compiled)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
+def test_entry_under_autocast_matches_eager(entry: Entry, budget: str, tmp_path: Path) -> None:
+    """Called under ``torch.autocast("cpu", dtype=torch.bfloat16)`` and streamed at a third
+    of its parameters' bytes (to the virtual device, or from disk under a host budget): two
+    calls match eager under the same autocast, in the same dtypes; a call without autocast
+    afterwards matches plain eager."""
+    model = entry.build()
+    calls = [entry.inputs(0), entry.inputs(1)]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.no_grad():
+        with autocast:
+            expected = [model(**kwargs) for kwargs in calls]
+        plain = model(**calls[0])
+    opts = disk_options(model, tmp_path) if budget == "disk" else options(budget, model)
+    compiled = tt.compile(model, **opts)
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i](), autocast:
+            got = compiled(**kwargs)
+        assert_same(got, expected[i], f"call {i + 1} under autocast")
+        dtypes = [(path, v.dtype) for path, v in leaves(got) if isinstance(v, torch.Tensor)]
+        want = [(path, v.dtype) for path, v in leaves(expected[i]) if isinstance(v, torch.Tensor)]
+        assert dtypes == want, f"call {i + 1}: output dtypes differ from eager's"
+    assert torch.bfloat16 in {dtype for _, dtype in want}, "autocast ran nothing in bfloat16"
+    with torch.no_grad():
+        assert_same(compiled(**calls[0]), plain, "a call without autocast")
+    streamed = sum(r.streams for g in compiled.graphs for r in g.plan.residency)
+    assert streamed > 0, "a third of the parameters' bytes: some parameter must stream"
+
+
+@pytest.mark.parametrize(
+    ("entry", "budget"),
+    quick_only(
+        entry_cases([BY_NAME[name] for name in DEFAULT_COMPILER_MODELS], ("none", "disk"), False),
+        set(),  # Inductor's cold compiles take too long for make check
+    ),
+)
+@pytest.mark.inductor
+def test_entry_with_the_default_compiler_matches_eager(
+    entry: Entry, budget: str, tmp_path: Path
+) -> None:
+    """On the host with the options' defaults (Inductor segments, kept where they time
+    faster than eager), with no budget and with a third of the parameters' bytes in RAM and
+    the rest on disk: three calls match eager, and the model's tensors are unchanged (the
+    timing at compile time runs on copies of what the graph writes)."""
+    model = entry.build()
+    reference = copy.deepcopy(model)
+    calls = [entry.inputs(0), entry.inputs(1), entry.inputs(0)]
+    with torch.no_grad():
+        expected = [reference(**kwargs) for kwargs in calls]
+    opts: dict[str, Any] = {}
+    if budget == "disk":
+        opts = disk_options(model, tmp_path)
+        del opts["compiler"]
+    compiled = tt.compile(model, **opts)
+    for i, kwargs in enumerate(calls):
+        with INFERENCE_CONTEXTS[i % 2]():
+            assert_same(compiled(**kwargs), expected[i], f"call {i + 1}")
+    compilers = {c for g in compiled.graphs for c in g.compilers.values()}
+    assert "inductor" in compilers or any(g.compiler_note for g in compiled.graphs), compilers
+    assert_tensors_equal(model, reference)
 
 
 @pytest.mark.parametrize(
