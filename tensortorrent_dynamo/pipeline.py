@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from ._logs import PLAN_ARTIFACT
-from .compiling.segments import compile_segments, keep_faster
+from .compiling.segments import compile_segments, keep_faster, traced_layouts
 from .cost_graph import CostGraph, build_cost_graph
 from .errors import PlanInfeasible, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
 from .functional import GraphInputs
@@ -68,11 +68,14 @@ def plan_and_compile(
     # the plan is made for these tensors: another module's, of the same code and costs,
     # are another instance (``instances.py``)
     tensors = [example_inputs[p.arg_index] for p in cost.params]
-    source = (digest(gm.code, 64), cost.digest())
+    # Inductor's segments assert the input layouts they were traced with
+    layouts = traced_layouts(gm) if settings.compiler == "inductor" else ""
+    source = (digest(gm.code, 64), cost.digest(), layouts)
     again = session.by_source.get(tensors, source) if replacing is None else None
     if again is not None:
         # A recompile (a guard failed) that produced the same graph with the same
-        # costs and weights: its plan's assumptions still hold.
+        # costs and weights (and input layouts, for Inductor's segments): its plan's
+        # assumptions still hold.
         log.info(
             "recompiled graph is graph %d again (same code and costs): reusing plan %s",
             again.plan.graph_index,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
@@ -134,6 +135,24 @@ def keep_output_strides(gm: torch.fx.GraphModule) -> None:
         i for i, value in enumerate(returned) if isinstance(value, torch.fx.Node)
     ]
     record_original_output_strides(gm)
+
+
+def traced_layouts(gm: torch.fx.GraphModule) -> str:
+    """The sizes and strides of ``gm``'s tensor inputs as traced, each symbol named by its
+    first appearance (``s87`` and ``s15`` alike): what Inductor's segments assert of the
+    inputs they get. Two recompiles of one graph that differ only there (a KV cache passed
+    as a transposed view, then as a contiguous tensor) need segments of their own."""
+    symbols: dict[str, str] = {}
+
+    def canonical(match: re.Match[str]) -> str:
+        return symbols.setdefault(match.group(), f"z{len(symbols)}")
+
+    shapes = []
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if node.op == "placeholder" and isinstance(value, torch.Tensor):
+            shapes.append(f"{tuple(value.shape)}{value.stride()}")
+    return re.sub(r"\b[a-z]+[0-9]+\b", canonical, ";".join(shapes))
 
 
 def compile_segments(rewritten: Rewritten, runtime: Runtime, settings: Settings) -> dict[str, str]:

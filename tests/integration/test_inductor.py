@@ -142,3 +142,36 @@ def test_segments_of_convolutions_pass_each_other_their_outputs_as_traced(
             torch.testing.assert_close(compiled(x), reference(x))
     (graph,) = compiled.graphs
     assert len(graph.compilers) > 1 and set(graph.compilers.values()) == {"inductor"}
+
+
+class _Scaled(torch.nn.Module):
+    """Elementwise ops only: the functional graph is the same whatever its input's layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(16))
+        self.shift = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.scale + self.shift)
+
+
+@pytest.mark.inductor
+def test_a_recompile_for_another_input_layout_gets_segments_of_its_own() -> None:
+    """Called with a transposed view, then with a contiguous tensor of the same shape:
+    Dynamo recompiles (its guards check strides) into the same graph code and costs, whose
+    Inductor segments assert the layout they were traced with. The second is compiled
+    anew, not given the first's segments. (generate() passes its KV cache first as the
+    prompt's transposed projections, then as concatenated tensors: the first decode graph's
+    segments were reused for the second layout, and failed on its strides.)"""
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    compiled = torch.compile(model, backend="tensortorrent", options={"compiler": "inductor"})
+    transposed = torch.randn(2, 16, 8).transpose(1, 2)
+    contiguous = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        for x in (transposed, contiguous, transposed):
+            torch.testing.assert_close(compiled(x), model(x))
+    from tensortorrent_dynamo import tensortorrent_backend
+
+    assert len(tensortorrent_backend.graphs) == 2
