@@ -185,6 +185,40 @@ def test_generate_streams_from_disk_within_a_host_budget(
     assert all(p <= limit for p in peaks.values()), f"host peaks over {limit} B: {peaks}"
 
 
+@pytest.mark.parametrize(
+    ("name", "cache", "budget"),
+    [
+        pytest.param(name, cache, budget, id=f"{name}-{cache}-{budget}")
+        for name in ("llama", "t5")
+        for cache in CACHES
+        for budget in ("none", "disk")
+    ],
+)
+@pytest.mark.corpus
+@pytest.mark.corpus_full
+@pytest.mark.inductor
+def test_generate_with_the_default_compiler_matches_eager(
+    name: str, cache: str, budget: str, tmp_path: Path
+) -> None:
+    """On the host with the options' defaults (Inductor segments), with no budget and with
+    a third of the parameters' bytes in RAM and the rest on disk: the tokens equal eager's.
+    (With the dynamic cache, the second prompt's decode graph got the segments Inductor
+    compiled for the first layout of its KV cache, and failed on the second, until a
+    recompile differing only in its inputs' layouts got segments of its own.)"""
+    model = BY_NAME[name].build()
+    prompts, kwargs = _prompts(), _generate_kwargs(cache)
+    with torch.no_grad():
+        expected = [model.generate(p, **kwargs) for p in prompts]
+    opts: dict[str, Any] = {}
+    if budget == "disk":
+        opts = disk_options(model, tmp_path)
+        del opts["compiler"]
+    forward = _generate_compiled(model, opts, prompts, kwargs, expected)
+    assert all(n > 0 for n in forward.graph_calls), forward.graph_calls
+    compilers = {c for g in tt.tensortorrent_backend.graphs for c in g.compilers.values()}
+    assert "inductor" in compilers, compilers
+
+
 def _several_ways(model: Any) -> list[tuple[str, dict[str, Any]]]:
     """The calls of a model used as people use one in a session: forward twice, with
     ``labels`` (a loss) twice, ``generate()``, forward again, then asking for every layer's
