@@ -256,36 +256,36 @@ class Plan:
     """The chosen plan: placement, residency, segments and predictions."""
 
     @property
-    def node_device(self) -> list[int]:
+    def node_device(self) -> tuple[int, ...]:
         """Device index of each node."""
     @property
-    def node_segment(self) -> list[int]:
+    def node_segment(self) -> tuple[int, ...]:
         """Segment index of each node."""
     @property
-    def segment_device(self) -> list[int]:
+    def segment_device(self) -> tuple[int, ...]:
         """Device index of each segment."""
     @property
-    def param_streamed(self) -> list[bool]:
+    def param_streamed(self) -> tuple[bool, ...]:
         """Whether each parameter is streamed (otherwise resident where used)."""
     @property
-    def param_device(self) -> list[int]:
+    def param_device(self) -> tuple[int, ...]:
         """Accelerator using each parameter (0 when only the host does)."""
     @property
-    def param_prefetch_segment(self) -> list[int]:
+    def param_prefetch_segment(self) -> tuple[int, ...]:
         """First segment using each streamed parameter; -1 when not streamed."""
     @property
-    def param_evict_segment(self) -> list[int]:
+    def param_evict_segment(self) -> tuple[int, ...]:
         """Last segment using each streamed parameter; -1 when not streamed."""
     @property
-    def param_issue_segment(self) -> list[int]:
+    def param_issue_segment(self) -> tuple[int, ...]:
         """Segment whose start issues each streamed parameter's prefetch; -1 for the
         start of the run and for parameters not streamed."""
     @property
-    def value_spilled(self) -> list[bool]:
+    def value_spilled(self) -> tuple[bool, ...]:
         """Whether each node's value is spilled to the host between its producing
         segment and its next use."""
     @property
-    def value_reload_segment(self) -> list[int]:
+    def value_reload_segment(self) -> tuple[int, ...]:
         """Segment whose start issues each spilled value's copy back to its device;
         -1 for values not spilled."""
     @property
@@ -297,7 +297,7 @@ class Plan:
         """Bytes of buffers prefetches may fill ahead of use, each issued as early as
         they allow (a "/window-<N>KiB" candidate); 0 when the depth alone says when."""
     @property
-    def param_home(self) -> list[str]:
+    def param_home(self) -> tuple[str, ...]:
         """The home of each parameter of the graph planned, ``"host"`` or ``"disk"``
         (the planner may have moved disk-allowed parameters to disk)."""
     @property
@@ -308,7 +308,7 @@ class Plan:
     def predicted_time_s(self) -> float:
         """Simulated time until the last output is on the host, in seconds."""
     @property
-    def peak_bytes(self) -> list[int]:
+    def peak_bytes(self) -> tuple[int, ...]:
         """Simulated peak memory per device, in bytes."""
     @property
     def lower_bound_s(self) -> float:

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 use tensortorrent_planner::{Candidate, Device, Objective, Plan, PlanError, Planner};
 
 use crate::device::PyDevice;
@@ -104,71 +104,110 @@ pub(crate) struct PyPlan {
     inner: Plan,
     candidates: Vec<Py<PyCandidate>>,
     devices: Vec<Device>,
+    tuples: PlanTuples,
+}
+
+/// The plan's per-node, per-segment and per-parameter vectors as Python tuples, each
+/// built once: the compiler reads them an index at a time in loops over a graph's nodes,
+/// and a getter that copied its vector into a new list at each call made such a loop
+/// quadratic (45,000 nodes: 30 s for one lookup per node and edge).
+struct PlanTuples {
+    node_device: Py<PyTuple>,
+    node_segment: Py<PyTuple>,
+    segment_device: Py<PyTuple>,
+    param_streamed: Py<PyTuple>,
+    param_device: Py<PyTuple>,
+    param_prefetch_segment: Py<PyTuple>,
+    param_evict_segment: Py<PyTuple>,
+    param_issue_segment: Py<PyTuple>,
+    value_spilled: Py<PyTuple>,
+    value_reload_segment: Py<PyTuple>,
+    param_home: Py<PyTuple>,
+    peak_bytes: Py<PyTuple>,
+}
+
+impl PlanTuples {
+    fn new(py: Python<'_>, p: &Plan) -> PyResult<Self> {
+        Ok(Self {
+            node_device: PyTuple::new(py, &p.node_device)?.unbind(),
+            node_segment: PyTuple::new(py, &p.node_segment)?.unbind(),
+            segment_device: PyTuple::new(py, &p.segment_device)?.unbind(),
+            param_streamed: PyTuple::new(py, &p.param_streamed)?.unbind(),
+            param_device: PyTuple::new(py, &p.param_device)?.unbind(),
+            param_prefetch_segment: PyTuple::new(py, &p.param_prefetch_segment)?.unbind(),
+            param_evict_segment: PyTuple::new(py, &p.param_evict_segment)?.unbind(),
+            param_issue_segment: PyTuple::new(py, &p.param_issue_segment)?.unbind(),
+            value_spilled: PyTuple::new(py, &p.value_spilled)?.unbind(),
+            value_reload_segment: PyTuple::new(py, &p.value_reload_segment)?.unbind(),
+            param_home: PyTuple::new(py, p.param_home.iter().map(|t| t.as_str()))?.unbind(),
+            peak_bytes: PyTuple::new(py, &p.peak_bytes)?.unbind(),
+        })
+    }
 }
 
 #[pymethods]
 impl PyPlan {
     /// Device index of each node.
     #[getter]
-    fn node_device(&self) -> Vec<u32> {
-        self.inner.node_device.clone()
+    fn node_device(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.node_device.clone_ref(py)
     }
 
     /// Segment index of each node.
     #[getter]
-    fn node_segment(&self) -> Vec<u32> {
-        self.inner.node_segment.clone()
+    fn node_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.node_segment.clone_ref(py)
     }
 
     /// Device index of each segment.
     #[getter]
-    fn segment_device(&self) -> Vec<u32> {
-        self.inner.segment_device.clone()
+    fn segment_device(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.segment_device.clone_ref(py)
     }
 
     /// Whether each parameter is streamed (otherwise resident where used).
     #[getter]
-    fn param_streamed(&self) -> Vec<bool> {
-        self.inner.param_streamed.clone()
+    fn param_streamed(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_streamed.clone_ref(py)
     }
 
     /// Accelerator using each parameter (0 when only the host does).
     #[getter]
-    fn param_device(&self) -> Vec<u32> {
-        self.inner.param_device.clone()
+    fn param_device(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_device.clone_ref(py)
     }
 
     /// First segment using each streamed parameter; -1 when not streamed.
     #[getter]
-    fn param_prefetch_segment(&self) -> Vec<i64> {
-        self.inner.param_prefetch_segment.clone()
+    fn param_prefetch_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_prefetch_segment.clone_ref(py)
     }
 
     /// Last segment using each streamed parameter; -1 when not streamed.
     #[getter]
-    fn param_evict_segment(&self) -> Vec<i64> {
-        self.inner.param_evict_segment.clone()
+    fn param_evict_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_evict_segment.clone_ref(py)
     }
 
     /// Segment whose start issues each streamed parameter's prefetch; -1
     /// for the start of the run and for parameters not streamed.
     #[getter]
-    fn param_issue_segment(&self) -> Vec<i64> {
-        self.inner.param_issue_segment.clone()
+    fn param_issue_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_issue_segment.clone_ref(py)
     }
 
     /// Whether each node's value is spilled to the host between its
     /// producing segment and its next use.
     #[getter]
-    fn value_spilled(&self) -> Vec<bool> {
-        self.inner.value_spilled.clone()
+    fn value_spilled(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.value_spilled.clone_ref(py)
     }
 
     /// Segment whose start issues each spilled value's copy back to its
     /// device; -1 for values not spilled.
     #[getter]
-    fn value_reload_segment(&self) -> Vec<i64> {
-        self.inner.value_reload_segment.clone()
+    fn value_reload_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.value_reload_segment.clone_ref(py)
     }
 
     /// How many segments ahead streamed parameters are prefetched; 0 when
@@ -189,8 +228,8 @@ impl PyPlan {
     /// The home of each parameter of the graph planned: `"host"` or
     /// `"disk"` (the planner may have moved disk-allowed parameters to disk).
     #[getter]
-    fn param_home(&self) -> Vec<&'static str> {
-        self.inner.param_home.iter().map(|t| t.as_str()).collect()
+    fn param_home(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.param_home.clone_ref(py)
     }
 
     /// Whether the `split` graph given to `plan` was planned: then every
@@ -208,8 +247,8 @@ impl PyPlan {
 
     /// Simulated peak memory per device, in bytes.
     #[getter]
-    fn peak_bytes(&self) -> Vec<u64> {
-        self.inner.peak_bytes.clone()
+    fn peak_bytes(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.peak_bytes.clone_ref(py)
     }
 
     /// The busiest resource's seconds of work (no schedule is faster).
@@ -422,6 +461,7 @@ fn wrap(py: Python<'_>, planned: Plan, devices: Vec<Device>) -> PyResult<PyPlan>
         .map(|c| Py::new(py, PyCandidate { inner: c.clone() }))
         .collect::<PyResult<_>>()?;
     Ok(PyPlan {
+        tuples: PlanTuples::new(py, &planned)?,
         inner: planned,
         candidates,
         devices,

@@ -71,13 +71,13 @@ def test_deep_mlp_with_a_small_accelerator_and_slow_link_stays_on_the_host(batch
     # With no room for a single layer, the whole graph runs on the host.
     devices[1] = accelerator("virtual:0", 48 * MIB, 1e13, 2e9, mem_bytes_per_s=1e12)
     q = planner.plan(deep_mlp(batch), devices, "latency", True)
-    assert q.node_device == [0] * 17
+    assert q.node_device == (0,) * 17
     assert q.chosen == "all-on-cpu"
 
 
 def test_compute_heavy_graph_with_the_same_budget_streams_to_the_accelerator() -> None:
     p = planner.plan(deep_mlp(2048), small_accelerator_slow_link(), "latency", True)
-    assert p.node_device[1:] == [1] * 16, p.chosen
+    assert p.node_device[1:] == (1,) * 16, p.chosen
     assert sum(p.param_streamed) >= 12
     assert p.peak_bytes[1] <= 256 * MIB
     # Streaming is copy-bound: the link is the busiest resource.
@@ -114,6 +114,33 @@ def test_a_plan_explains_its_search() -> None:
     assert (resource, kind, index) == ("virtual:0->cpu", "output", 8)
     assert end == p.predicted_time_s and start <= end
     assert len(p.param_issue_segment) == 8
+
+
+def test_a_plans_vectors_are_tuples_built_once() -> None:
+    """The compiler reads a plan's vectors an index at a time in loops over a graph's nodes
+    (``GraphPlan.node_segment``): a getter building a new list at each read made such a
+    loop quadratic. Each is one immutable tuple, the same at every read."""
+    devices = [host(), accelerator("virtual:0", 3 * MIB, 1e12, 1e10)]
+    p = planner.plan(chain(8, MIB, 4 * KIB, 1e9), devices, "latency", True)
+    names = [
+        "node_device",
+        "node_segment",
+        "segment_device",
+        "param_streamed",
+        "param_device",
+        "param_prefetch_segment",
+        "param_evict_segment",
+        "param_issue_segment",
+        "value_spilled",
+        "value_reload_segment",
+        "param_home",
+        "peak_bytes",
+    ]
+    for name in names:
+        value = getattr(p, name)
+        assert isinstance(value, tuple) and value is getattr(p, name), name
+    assert len(p.node_segment) == len(p.node_device) == 9
+    assert len(p.param_home) == len(p.param_streamed) == 8
 
 
 def test_limits_and_options() -> None:
@@ -182,8 +209,8 @@ def test_positional_calls_keep_working() -> None:
     cpu = planner.Device("cpu", True, 1e9, 1 << 30, 0.0, 0.0, 1e-6)
     acc = planner.Device("virtual:0", False, 1e12, 1 << 30, 1e10, 1e10, 1e-6)
     p = planner.plan(graph, [cpu, acc], "latency", True)
-    assert p.node_device == [0, 1]
-    assert p.param_device == [1] and p.param_streamed == [False]
+    assert p.node_device == (0, 1)
+    assert p.param_device == (1,) and p.param_streamed == (False,)
     assert cpu.mem_bytes_per_s == float("inf") and cpu.disk_bytes_per_s == float("inf")
     assert "mem_bytes_per_s=float('inf')" in repr(cpu)
 
