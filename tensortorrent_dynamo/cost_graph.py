@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -354,10 +354,15 @@ class CostGraph:
 
     def digest(self) -> str:
         """A hash of what the planner sees of the graph (not of the torch version that
-        traced it): the plan cache's and saved plans' key."""
-        data = self.to_json()
-        data.pop("torch_version")
-        return digest(data)
+        traced it): the plan cache's and saved plans' key. Computed once per graph (a
+        frozen one): the JSON form of a graph of 45,000 nodes takes seconds."""
+        known: str | None = self.__dict__.get("_digest")
+        if known is None:
+            data = self.to_json()
+            data.pop("torch_version")
+            known = digest(data)
+            object.__setattr__(self, "_digest", known)
+        return known
 
     def to_native(
         self,
@@ -591,6 +596,34 @@ def _count_flops(node: torch.fx.Node, sizes: Mapping[str, int] | None = None) ->
     return float(size_hint(counter.total, sizes))
 
 
+def _op_signature(node: torch.fx.Node) -> Hashable | None:
+    """What an op's FLOPs depend on: its target and arguments, each tensor by its dtype,
+    device, shape and strides. ``None`` where a size is symbolic or an argument cannot be
+    hashed: such an op is counted on its own. Ops of equal signatures (every repeated
+    layer's, every tile of a tiled decode) have equal FLOPs, counted once."""
+
+    def described(value: Any) -> Hashable:
+        if isinstance(value, torch.fx.Node):
+            return ("node", described(_example(value)))
+        if isinstance(value, torch.Tensor):
+            if not all(isinstance(d, int) for d in (*value.shape, *value.stride())):
+                raise TypeError("symbolic")
+            return ("tensor", value.dtype, value.device, tuple(value.shape), value.stride())
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, *(described(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", *((k, described(v)) for k, v in value.items()))
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise TypeError("symbolic")
+        hash(value)  # an unhashable argument raises TypeError
+        return (type(value), value)
+
+    try:
+        return (node.op, node.target, described(node.args), described(node.kwargs))
+    except TypeError:
+        return None
+
+
 def _flops_dtype(node: torch.fx.Node) -> str | None:
     """The dtype a node's FLOPs run in: that of its first floating-point tensor input."""
     for arg in node.all_input_nodes:
@@ -783,6 +816,8 @@ class _Builder:
         self.storages: dict[int, list[Any]] = {}
         # node id -> the activation storages its value refers to
         self.node_keys: dict[int, frozenset[int]] = {}
+        # the FLOPs of each op signature counted so far (``_op_signature``)
+        self.flops_of: dict[Hashable, float] = {}
 
     def placeholder(self, node: torch.fx.Node, position: int) -> None:
         real = self.example_inputs[position]
@@ -847,7 +882,12 @@ class _Builder:
             return
         fallback: str | None = None
         try:
-            flops = _count_flops(node, self.sizes)
+            signature = _op_signature(node)
+            flops = self.flops_of.get(signature) if signature is not None else None
+            if flops is None:
+                flops = _count_flops(node, self.sizes)
+                if signature is not None:
+                    self.flops_of[signature] = flops
         except Exception as exc:  # any failure to cost means: run it on the host, say why
             flops = 0.0
             fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]

@@ -98,3 +98,30 @@ def test_matmul_nodes_carry_the_rows_of_their_result() -> None:
     assert again == graph, "the rows survive the file"
     node = next(n for n in graph.to_json()["nodes"] if n.get("rows") is None)
     assert "rows" not in node, "kept only where set"
+
+
+def test_ops_alike_are_counted_once_and_costed_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLOPs are counted once per op signature (target, and each tensor argument's dtype,
+    shape and strides): a graph of repeated layers (or a tiled decode's tiles) would
+    otherwise run every op of every layer under the fake mode. A layer of another width
+    is counted on its own."""
+    from tensortorrent_dynamo import cost_graph
+
+    counted: list[str] = []
+    count = cost_graph._count_flops
+
+    def counting(node: torch.fx.Node, sizes: Any = None) -> float:
+        counted.append(node.name)
+        return count(node, sizes)
+
+    monkeypatch.setattr(cost_graph, "_count_flops", counting)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *(torch.nn.Linear(32, 32) for _ in range(6)), torch.nn.Linear(32, 8), torch.nn.ReLU()
+    )
+    x = torch.randn(4, 32)
+    (graph,) = capture(model, x)
+    assert graph.total_flops == eager_flops(model, x) > 0
+    linears = [n for n in graph.nodes if n.target == "linear"]
+    assert [n.flops for n in linears] == [2 * 4 * 32 * 32] * 6 + [2 * 4 * 32 * 8]
+    assert len(linears) == 7 and len(counted) == 3, counted  # two linears and the relu
