@@ -603,8 +603,8 @@ def _op_signature(node: torch.fx.Node) -> Hashable | None:
     layer's, every tile of a tiled decode) have equal FLOPs, counted once."""
 
     def described(value: Any) -> Hashable:
-        if isinstance(value, torch.fx.Node):
-            return ("node", described(_example(value)))
+        if isinstance(value, torch.fx.Node):  # its op too: a get_attr may have no value
+            return ("node", value.op == "get_attr", described(_example(value)))
         if isinstance(value, torch.Tensor):
             if not all(isinstance(d, int) for d in (*value.shape, *value.stride())):
                 raise TypeError("symbolic")
