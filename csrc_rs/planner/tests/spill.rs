@@ -85,6 +85,61 @@ fn a_spilled_skip_leaves_the_accelerator_between_its_uses() {
     assert!(sim.predicted_time_s >= kept.predicted_time_s);
 }
 
+/// The skip (32 MiB, node 1) is spilled, read once more in its own segment
+/// (node 2), which then makes a wide 48 MiB activation (node 3, streaming
+/// a 16 MiB weight) before it returns; four more layers, then the skip's
+/// last use.
+fn skip_then_wide_graph() -> CostGraph {
+    let mut b = Builder::default();
+    let x = b.input(4 * MIB);
+    let skip = b.node(1e10, 32 * MIB, false, &[x]);
+    let near = b.node(1e10, 4 * MIB, false, &[skip]);
+    let wide = b.node(1e10, 48 * MIB, false, &[near]);
+    b.param(16 * MIB, &[wide]);
+    let mut prev = wide;
+    for _ in 0..4 {
+        prev = b.node(1e10, 4 * MIB, false, &[prev]);
+        b.param(16 * MIB, &[prev]);
+    }
+    let last = b.node(1e10, MIB, false, &[prev, skip]);
+    b.output(last);
+    b.build()
+}
+
+#[test]
+fn a_spilled_value_stays_on_the_device_until_its_segment_returns() {
+    // The runtime spills a value once the segment that made it returns it: a
+    // spill landing early (a fast copy engine) does not free the device copy
+    // while the segment still runs, so the wide activation the segment makes
+    // after its last read of the skip is made beside it.
+    let g = skip_then_wide_graph();
+    let devs = devices(1024 * MIB);
+    let nodes = on_accelerator(&g);
+    let streamed = vec![true; g.num_params()];
+    let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[SKIP]), 1).unwrap();
+    let spill = sim
+        .timeline
+        .iter()
+        .find(|r| r.activity == Activity::Spill && r.index == SKIP as u32)
+        .expect("the skip is spilled");
+    let wide = sim
+        .timeline
+        .iter()
+        .find(|r| r.activity == Activity::Node && r.index == 3)
+        .unwrap();
+    assert!(
+        spill.end_s <= wide.start_s,
+        "the spill landed before node 3"
+    );
+    // skip + its near read + the wide activation + the weight it streams
+    let together = (32 + 4 + 48 + 16) * MIB;
+    assert!(
+        sim.peak_bytes[1] >= together,
+        "peak {} MiB: the skip was freed before its segment returned",
+        sim.peak_bytes[1] / MIB
+    );
+}
+
 #[test]
 fn the_device_waits_for_a_slow_spill_before_going_past_its_near_uses() {
     // The runtime waits for the copy out after the last segment that reads

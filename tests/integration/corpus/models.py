@@ -184,6 +184,11 @@ def _vae_inputs(seed: int) -> Inputs:
     return {"sample": torch.randn(2, 3, 16, 16, generator=_generator(seed))}
 
 
+def _video_vae_inputs(seed: int) -> Inputs:
+    """One clip of 5 frames of 16x16."""
+    return {"sample": torch.randn(1, 3, 5, 16, 16, generator=_generator(seed))}
+
+
 def _mmdit_inputs(seed: int) -> Inputs:
     g = _generator(seed)
     return {
@@ -1053,6 +1058,33 @@ ENTRIES: list[Entry] = [
             layers_per_block=1,
         ),
         _vae_inputs,
+    ),
+    Entry(
+        "autoencoder_kl_ltx_video",
+        "diffusers.AutoencoderKLLTXVideo",
+        "video VAE: causal 3D convolutions padded by repeating edge frames, pixel-shuffle "
+        "upsampling over time and space (a view of a copy returned beside it)",
+        _diffusers(
+            "AutoencoderKLLTXVideo",
+            in_channels=3,
+            out_channels=3,
+            latent_channels=8,
+            block_out_channels=(16, 16, 32, 32),
+            decoder_block_out_channels=(16, 16, 32, 32),
+            layers_per_block=(1, 1, 1, 1, 1),
+            decoder_layers_per_block=(1, 1, 1, 1, 1),
+            spatio_temporal_scaling=(True, True, False, False),
+            decoder_spatio_temporal_scaling=(True, True, False, False),
+            decoder_inject_noise=(False,) * 5,
+            upsample_residual=(False,) * 4,
+            upsample_factor=(1,) * 4,
+            timestep_conditioning=False,
+            patch_size=1,
+            patch_size_t=1,
+            encoder_causal=True,
+            decoder_causal=False,
+        ),
+        _video_vae_inputs,
     ),
     Entry(
         "sd3_transformer",

@@ -1103,9 +1103,10 @@ impl Workspace {
                 holds: usize::MAX,
             });
         }
-        // The runtime copies a value to another device once its segment returns
-        // it, so its own instance is held until that segment ends too.
-        if !spilled && read_elsewhere {
+        // The runtime copies a value to another device, or spills it, once its
+        // segment returns it, so its own instance is held until that segment
+        // ends too (however early a spill's copy is modelled to land).
+        if spilled || read_elsewhere {
             self.instances[lo].remaining += 1;
             self.instances[lo].pending_in = sid + 1;
             self.pending.push(lo);
