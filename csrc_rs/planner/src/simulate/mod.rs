@@ -21,7 +21,9 @@
 //!   parameter whose home is the host;
 //! * a spilled value (see `Placement`) is copied to the host by the
 //!   device-to-host engine as soon as it is produced; the device copy is
-//!   freed once that copy and its uses before the gap in its uses are done.
+//!   freed once that copy and its uses before the gap in its uses are done,
+//!   and its own segment has ended (the runtime spills it once the segment's
+//!   call returns it, so a copy modelled to land mid-segment frees nothing).
 //!   The device starts nothing after the last of those uses' segments until
 //!   the copy has landed (the runtime waits for it there), so the device
 //!   copy is gone before anything that follows allocates.
