@@ -125,12 +125,12 @@ def test_nothing_is_spilled_with_room_to_hold_it() -> None:
 def test_a_value_spilled_mid_segment_is_held_until_its_segment_returns() -> None:
     """LTX-Video's VAE (diffusers) upsamples by a pixel shuffle: a copy, and a view of it
     returned beside the segment's output and spilled, while the segment goes on to pad and
-    concatenate frames (here 9 of them). The runtime spills a value once its segment returns it; the
-    simulation used to free it as soon as its copy could have landed, mid-segment, so a
-    spilling plan predicted 726 KiB at a third of the weights (772 KiB) and the call ran
-    out of the device's memory at 783.56 KiB (``VirtualDeviceOutOfMemory``). Now a third
-    is refused before anything runs; planned at what the refusal asks for, the model runs
-    within it and its measured peak is the predicted one."""
+    concatenate frames (here 9 of them). The runtime spills a value once its segment
+    returns it; the simulation used to free it as soon as its copy could have landed,
+    mid-segment, so a spilling plan predicted 726 KiB at a third of the weights (772 KiB)
+    and the call ran out of the device's memory at 783.56 KiB (``VirtualDeviceOutOfMemory``).
+    Now a third is refused before anything runs; planned at what the refusal asks for, the
+    model runs within it and its measured peak is the predicted one."""
     entry = BY_NAME["autoencoder_kl_ltx_video"]
     model = entry.build()
     inputs = {"sample": torch.randn(1, 3, 9, 16, 16, generator=torch.Generator().manual_seed(0))}
