@@ -5,7 +5,8 @@ mod common;
 
 use common::{accelerator, host, replayed, Builder, MIB};
 use tensortorrent_planner::{
-    plan, simulate, simulate_spilled, Activity, CostGraph, Device, Objective, Planner, Resource,
+    plan, simulate, simulate_spilled, Activity, CostGraph, Device, Objective, Planner, Record,
+    Resource, Simulation,
 };
 
 /// A long skip connection: `skip` (32 MiB, node 1) is made first and used
@@ -44,6 +45,14 @@ fn spilled(g: &CostGraph, nodes: &[usize]) -> Vec<bool> {
     (0..g.num_nodes()).map(|x| nodes.contains(&x)).collect()
 }
 
+/// The timeline's record of `activity` for node `x`.
+fn record(sim: &Simulation, activity: Activity, x: usize) -> &Record {
+    sim.timeline
+        .iter()
+        .find(|r| r.activity == activity && r.index == x as u32)
+        .unwrap_or_else(|| panic!("no {activity} of node {x}"))
+}
+
 #[test]
 fn a_spilled_skip_leaves_the_accelerator_between_its_uses() {
     let g = skip_graph();
@@ -58,26 +67,14 @@ fn a_spilled_skip_leaves_the_accelerator_between_its_uses() {
     // Host memory holds it meanwhile.
     assert!(sim.peak_bytes[0] >= 32 * MIB);
 
-    let record = |activity: Activity| {
-        sim.timeline
-            .iter()
-            .find(|r| r.activity == activity && r.index == SKIP as u32)
-            .unwrap_or_else(|| panic!("no {activity} of the skip"))
-    };
-    let (out, back) = (record(Activity::Spill), record(Activity::Reload));
+    let (out, back) = (
+        record(&sim, Activity::Spill, SKIP),
+        record(&sim, Activity::Reload, SKIP),
+    );
     assert_eq!(out.resource, Resource::DeviceToHost(1));
     assert_eq!(back.resource, Resource::HostToDevice(1));
-    let made = sim
-        .timeline
-        .iter()
-        .find(|r| r.activity == Activity::Node && r.index == SKIP as u32)
-        .unwrap();
-    let last = g.num_nodes() as u32 - 1;
-    let used = sim
-        .timeline
-        .iter()
-        .find(|r| r.activity == Activity::Node && r.index == last)
-        .unwrap();
+    let made = record(&sim, Activity::Node, SKIP);
+    let used = record(&sim, Activity::Node, g.num_nodes() - 1);
     assert!(out.start_s >= made.end_s);
     assert!(back.start_s >= out.end_s);
     assert!(used.start_s >= back.end_s);
@@ -117,16 +114,8 @@ fn a_spilled_value_stays_on_the_device_until_its_segment_returns() {
     let nodes = on_accelerator(&g);
     let streamed = vec![true; g.num_params()];
     let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[SKIP]), 1).unwrap();
-    let spill = sim
-        .timeline
-        .iter()
-        .find(|r| r.activity == Activity::Spill && r.index == SKIP as u32)
-        .expect("the skip is spilled");
-    let wide = sim
-        .timeline
-        .iter()
-        .find(|r| r.activity == Activity::Node && r.index == 3)
-        .unwrap();
+    let spill = record(&sim, Activity::Spill, SKIP);
+    let wide = record(&sim, Activity::Node, 3);
     assert!(
         spill.end_s <= wide.start_s,
         "the spill landed before node 3"
@@ -151,17 +140,8 @@ fn the_device_waits_for_a_slow_spill_before_going_past_its_near_uses() {
     let nodes = on_accelerator(&g);
     let streamed = vec![true; g.num_params()];
     let sim = simulate_spilled(&g, &devs, &nodes, &streamed, &spilled(&g, &[SKIP]), 1).unwrap();
-    let out = sim
-        .timeline
-        .iter()
-        .find(|r| r.activity == Activity::Spill && r.index == SKIP as u32)
-        .expect("the skip is spilled");
-    let node = |x: usize| {
-        sim.timeline
-            .iter()
-            .find(|r| r.activity == Activity::Node && r.index == x as u32)
-            .unwrap()
-    };
+    let out = record(&sim, Activity::Spill, SKIP);
+    let node = |x: usize| record(&sim, Activity::Node, x);
     // node 2 is the skip's near use; it runs while the copy is out
     assert!(node(2).start_s < out.end_s);
     for x in 3..g.num_nodes() {
