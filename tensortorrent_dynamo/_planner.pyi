@@ -271,15 +271,22 @@ class Plan:
     def param_device(self) -> tuple[int, ...]:
         """Accelerator using each parameter (0 when only the host does)."""
     @property
-    def param_prefetch_segment(self) -> tuple[int, ...]:
-        """First segment using each streamed parameter; -1 when not streamed."""
+    def stream_param(self) -> tuple[int, ...]:
+        """Parameter of each stay of a streamed parameter on a device, stays ordered by
+        first segment, then parameter; a parameter used again after a gap has a stay per
+        run of uses."""
     @property
-    def param_evict_segment(self) -> tuple[int, ...]:
-        """Last segment using each streamed parameter; -1 when not streamed."""
+    def stream_device(self) -> tuple[int, ...]:
+        """Device index each stay brings its parameter to."""
     @property
-    def param_issue_segment(self) -> tuple[int, ...]:
-        """Segment whose start issues each streamed parameter's prefetch; -1 for the
-        start of the run and for parameters not streamed."""
+    def stream_issue_segment(self) -> tuple[int, ...]:
+        """Segment whose start issues each stay's prefetch; -1 for the start of the run."""
+    @property
+    def stream_first_segment(self) -> tuple[int, ...]:
+        """First segment each stay serves."""
+    @property
+    def stream_last_segment(self) -> tuple[int, ...]:
+        """Last segment each stay serves (it is evicted after it)."""
     @property
     def value_spilled(self) -> tuple[bool, ...]:
         """Whether each node's value is spilled to the host between its producing

@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from ..plan.planner import GraphPlan
+from ..plan.planner import GraphPlan, Stay
 from ..run import ops
 from ..run.runtime import Runtime, torch_device
 from .logged import dump
@@ -118,7 +118,10 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
         device_of[held] = device
 
     moved: dict[tuple[torch.fx.Node, str], torch.fx.Node] = {}
-    waited: dict[str, torch.fx.Node] = {}
+    waited: dict[Stay, torch.fx.Node] = {}
+    stays: dict[tuple[int, str], list[Stay]] = {}
+    for stay in plan.stays():
+        stays.setdefault((stay.param, stay.device), []).append(stay)
     call_of_segment = {_segment_of(str(n.target)): n for n in calls}
 
     def issue_point(segment: int) -> torch.fx.Node:
@@ -150,6 +153,7 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
                         plan,
                         call,
                         issue_point,
+                        stays,
                         waited,
                         moved,
                         device,
@@ -169,11 +173,9 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
             if user.op == "call_function":
                 device_of[user] = device  # getitem on a segment's tuple output
 
-    for pid, param in enumerate(cost.params):
-        if plan.residency[pid].streams and param.placeholder in waited:
-            last = call_of_segment[plan.native.param_evict_segment[pid]]
-            with graph.inserting_after(last):
-                graph.call_function(ops.evict, (waited[param.placeholder].args[0],))
+    for stay, got in waited.items():
+        with graph.inserting_after(call_of_segment[stay.last_segment]):
+            graph.call_function(ops.evict, (got.args[0],))
 
     _spill(parent, plan, rt, calls, issue_point)
 
@@ -229,10 +231,14 @@ def _param_on_device(
     plan: GraphPlan,
     call: torch.fx.Node,
     issue_point: Any,
-    waited: dict[str, torch.fx.Node],
+    stays: dict[tuple[int, str], list[Stay]],
+    waited: dict[Stay, torch.fx.Node],
     moved: dict[tuple[torch.fx.Node, str], torch.fx.Node],
     device: str,
 ) -> torch.fx.Node:
+    """``param`` as ``call`` reads it on ``device``: its resident copy there, or the
+    streamed copy of the stay that serves ``call``'s segment (prefetched where the plan
+    issues it, waited for before the stay's first call)."""
     pid, ref = param
     if not plan.residency[pid].streams:
         key = (arg, device)
@@ -240,14 +246,23 @@ def _param_on_device(
             with graph.inserting_before(call):
                 moved[key] = graph.call_function(ops.resident, (rt, arg, ref.fqn, device))
         return moved[key]
-    if ref.placeholder not in waited:
+    segment = _segment_of(str(call.target))
+    stay = next(
+        (s for s in stays.get((pid, device), ()) if s.first_segment <= segment <= s.last_segment),
+        None,
+    )
+    if stay is None:
+        raise AssertionError(
+            f"the plan streams {ref.fqn} to {device} but no stay of it there serves "
+            f"segment {segment}"
+        )
+    if stay not in waited:
         # -1 (the start of the run) also lands on the first call
-        issue_at = issue_point(plan.native.param_issue_segment[pid])
-        with graph.inserting_before(issue_at):
+        with graph.inserting_before(issue_point(stay.issue_segment)):
             handle = graph.call_function(ops.prefetch, (rt, arg, ref.fqn, device))
         with graph.inserting_before(call):
-            waited[ref.placeholder] = graph.call_function(ops.wait, (handle,))
-    return waited[ref.placeholder]
+            waited[stay] = graph.call_function(ops.wait, (handle,))
+    return waited[stay]
 
 
 def _spill(

@@ -50,6 +50,16 @@ def graph_record(plan: GraphPlan) -> dict[str, Any]:
     """Everything saved about one graph's plan."""
     cost = plan.cost
     native = plan.native
+    stays: dict[int, list[dict[str, str | int]]] = {}
+    for stay in plan.stays():
+        stays.setdefault(stay.param, []).append(
+            {
+                "device": stay.device,
+                "issue_segment": stay.issue_segment,
+                "first_segment": stay.first_segment,
+                "last_segment": stay.last_segment,
+            }
+        )
     return {
         "graph_hash": plan.traced.digest(),
         "plan_hash": plan.plan_hash,
@@ -63,8 +73,7 @@ def graph_record(plan: GraphPlan) -> dict[str, Any]:
                 "device": r.device,
                 "streamed": r.streams,
                 "tier": r.tier.value,
-                "prefetch_segment": native.param_prefetch_segment[i],
-                "evict_segment": native.param_evict_segment[i],
+                "stays": stays.get(i, []),
             }
             for i, (p, r) in enumerate(zip(cost.params, plan.residency, strict=True))
         },

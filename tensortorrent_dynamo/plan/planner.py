@@ -234,6 +234,21 @@ class Split:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stay:
+    """One stay of a streamed parameter on a device that uses it (by name): prefetched
+    when ``issue_segment`` starts (-1: at the start of the run), serving its uses there in
+    segments ``first_segment`` to ``last_segment``, evicted after the last. A parameter
+    used again after a gap in its uses (a tied embedding, a layer applied in a loop) has a
+    stay per run of uses, so that its device does not hold it across the gap."""
+
+    param: int
+    device: str
+    issue_segment: int
+    first_segment: int
+    last_segment: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphPlan:
     """The planner's answer for one graph, with names instead of indices."""
 
@@ -292,22 +307,32 @@ class GraphPlan:
             for p, r in zip(self.cost.params, self.residency, strict=True)
         }
 
-    def disk_buffer_peak(self) -> int:
-        """The most bytes of read buffers the parameters this plan reads from disk hold at
-        once: each from the start of the segment that issues its read
-        (``native.param_issue_segment``, -1 for the start of the run) to the end of its
-        last use (``native.param_evict_segment``), a buffer of ``read_buffer_bytes`` each.
-        The host's budget covers them; a reader's pool may keep that much for reuse."""
-        spans = [
-            (issue, evict, read_buffer_bytes(p.nbytes))
-            for p, r, issue, evict in zip(
-                self.cost.params,
-                self.residency,
-                self.native.param_issue_segment,
-                self.native.param_evict_segment,
+    def stays(self) -> list[Stay]:
+        """Each stay of a streamed parameter on a device, in order of first use."""
+        native = self.native
+        return [
+            Stay(param, self.devices[device].name, issue, first, last)
+            for param, device, issue, first, last in zip(
+                native.stream_param,
+                native.stream_device,
+                native.stream_issue_segment,
+                native.stream_first_segment,
+                native.stream_last_segment,
                 strict=True,
             )
-            if r.reads_from_disk
+        ]
+
+    def disk_buffer_peak(self) -> int:
+        """The most bytes of read buffers the parameters this plan reads from disk hold at
+        once: each read from the start of the segment that issues it (-1 for the start of
+        the run) to the end of the last use it serves (:meth:`stays`), a buffer of
+        ``read_buffer_bytes`` each. The host's budget covers them; a reader's pool may
+        keep that much for reuse."""
+        params = self.cost.params
+        spans = [
+            (stay.issue_segment, stay.last_segment, read_buffer_bytes(params[stay.param].nbytes))
+            for stay in self.stays()
+            if self.residency[stay.param].reads_from_disk
         ]
         # held from segment `issue` through `evict`: +size there, -size after
         change: dict[int, int] = {}

@@ -117,9 +117,11 @@ struct PlanTuples {
     segment_device: Py<PyTuple>,
     param_streamed: Py<PyTuple>,
     param_device: Py<PyTuple>,
-    param_prefetch_segment: Py<PyTuple>,
-    param_evict_segment: Py<PyTuple>,
-    param_issue_segment: Py<PyTuple>,
+    stream_param: Py<PyTuple>,
+    stream_device: Py<PyTuple>,
+    stream_issue_segment: Py<PyTuple>,
+    stream_first_segment: Py<PyTuple>,
+    stream_last_segment: Py<PyTuple>,
     value_spilled: Py<PyTuple>,
     value_reload_segment: Py<PyTuple>,
     param_home: Py<PyTuple>,
@@ -134,9 +136,11 @@ impl PlanTuples {
             segment_device: PyTuple::new(py, &p.segment_device)?.unbind(),
             param_streamed: PyTuple::new(py, &p.param_streamed)?.unbind(),
             param_device: PyTuple::new(py, &p.param_device)?.unbind(),
-            param_prefetch_segment: PyTuple::new(py, &p.param_prefetch_segment)?.unbind(),
-            param_evict_segment: PyTuple::new(py, &p.param_evict_segment)?.unbind(),
-            param_issue_segment: PyTuple::new(py, &p.param_issue_segment)?.unbind(),
+            stream_param: PyTuple::new(py, &p.stream_param)?.unbind(),
+            stream_device: PyTuple::new(py, &p.stream_device)?.unbind(),
+            stream_issue_segment: PyTuple::new(py, &p.stream_issue_segment)?.unbind(),
+            stream_first_segment: PyTuple::new(py, &p.stream_first_segment)?.unbind(),
+            stream_last_segment: PyTuple::new(py, &p.stream_last_segment)?.unbind(),
             value_spilled: PyTuple::new(py, &p.value_spilled)?.unbind(),
             value_reload_segment: PyTuple::new(py, &p.value_reload_segment)?.unbind(),
             param_home: PyTuple::new(py, p.param_home.iter().map(|t| t.as_str()))?.unbind(),
@@ -177,23 +181,37 @@ impl PyPlan {
         self.tuples.param_device.clone_ref(py)
     }
 
-    /// First segment using each streamed parameter; -1 when not streamed.
+    /// Parameter of each stay of a streamed parameter on a device, stays
+    /// ordered by first segment, then parameter; a parameter used again
+    /// after a gap has a stay per run of uses.
     #[getter]
-    fn param_prefetch_segment(&self, py: Python<'_>) -> Py<PyTuple> {
-        self.tuples.param_prefetch_segment.clone_ref(py)
+    fn stream_param(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.stream_param.clone_ref(py)
     }
 
-    /// Last segment using each streamed parameter; -1 when not streamed.
+    /// Device index each stay brings its parameter to.
     #[getter]
-    fn param_evict_segment(&self, py: Python<'_>) -> Py<PyTuple> {
-        self.tuples.param_evict_segment.clone_ref(py)
+    fn stream_device(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.stream_device.clone_ref(py)
     }
 
-    /// Segment whose start issues each streamed parameter's prefetch; -1
-    /// for the start of the run and for parameters not streamed.
+    /// Segment whose start issues each stay's prefetch; -1 for the start of
+    /// the run.
     #[getter]
-    fn param_issue_segment(&self, py: Python<'_>) -> Py<PyTuple> {
-        self.tuples.param_issue_segment.clone_ref(py)
+    fn stream_issue_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.stream_issue_segment.clone_ref(py)
+    }
+
+    /// First segment each stay serves.
+    #[getter]
+    fn stream_first_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.stream_first_segment.clone_ref(py)
+    }
+
+    /// Last segment each stay serves (it is evicted after it).
+    #[getter]
+    fn stream_last_segment(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.tuples.stream_last_segment.clone_ref(py)
     }
 
     /// Whether each node's value is spilled to the host between its

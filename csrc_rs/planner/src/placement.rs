@@ -1,6 +1,8 @@
 //! Placements and their segments: what the search proposes and the
 //! simulator runs (the search and the simulator both build on this module).
 
+use std::collections::HashMap;
+
 use crate::graph::{CostGraph, Tier};
 
 /// The host's index in every device list.
@@ -87,8 +89,12 @@ pub(crate) fn streams_to(g: &CostGraph, q: usize, device: u32) -> bool {
     device != HOST || g.param_home()[q] == Tier::Disk
 }
 
-/// The stay of one streamed parameter on one device: prefetched for its
-/// first using segment there, evicted after its last.
+/// One stay of a streamed parameter on one device: prefetched for the first
+/// of a run of its using segments there, evicted after the last of them. A
+/// parameter used again further on (a tied embedding, a layer applied in a
+/// loop) comes back in a stay of its own when its next using segment there
+/// lies more than the prefetch depth (at least one) further on among the
+/// device's segments: its prefetch is then issued after this eviction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamSpan {
     pub(crate) param: u32,
@@ -143,9 +149,10 @@ pub(crate) fn uses_streamed(g: &CostGraph, streamed: &[bool], node: usize, devic
 /// Cuts the nodes into segments: maximal runs of consecutive nodes on one
 /// device, additionally cut so that a node using a streamed parameter
 /// starts a new segment when the current segment already holds a node using
-/// a streamed parameter. A streamed parameter's prefetch is issued when the
-/// segment `depth` places before its first using segment on that device
-/// starts (with 1, the buffers form a double buffer; the planner's internal
+/// a streamed parameter. A streamed parameter stays on a device for each run
+/// of its using segments there (see [`StreamSpan`]); each stay's prefetch is
+/// issued when the segment `depth` places before its first using segment
+/// there starts (with 1, the buffers form a double buffer; the planner's internal
 /// depth 0 issues it when that segment itself starts, which then waits for it:
 /// one buffer, no overlap).
 pub(crate) fn segment(g: &CostGraph, pl: &Placement, depth: u32) -> Segmentation {
@@ -204,29 +211,45 @@ pub(crate) fn segment_windowed(
         list.push(s as u32);
     }
 
-    // Streaming spans: one per (streamed param, device it streams to).
+    // Streaming spans: per (streamed param, device it streams to), one per
+    // run of its using segments there; a run ends where the next using
+    // segment is more than `depth` places further on (at least one segment
+    // without it between), so that its next prefetch is issued after this
+    // eviction: the device does not hold the parameter across the gap.
+    let mut position = vec![0u32; segment_device.len()];
+    for list in &on_device {
+        for (k, &s) in list.iter().enumerate() {
+            position[s as usize] = k as u32;
+        }
+    }
+    let gap = depth.max(1);
     let mut spans = Vec::new();
-    let mut seen: Vec<(u32, u32, u32)> = Vec::new(); // (device, first, last)
+    let mut uses: Vec<(u32, u32)> = Vec::new(); // (device, segment)
     for q in 0..g.num_params() {
         if !pl.param_streamed[q] {
             continue;
         }
-        seen.clear();
+        uses.clear();
         for &u in g.param_users(q) {
             let dev = pl.node_device[u as usize];
-            if !streams_to(g, q, dev) {
-                continue;
-            }
-            let at = node_segment[u as usize];
-            match seen.iter_mut().find(|e| e.0 == dev) {
-                Some(e) => {
-                    e.1 = e.1.min(at);
-                    e.2 = e.2.max(at);
-                }
-                None => seen.push((dev, at, at)),
+            if streams_to(g, q, dev) {
+                uses.push((dev, node_segment[u as usize]));
             }
         }
-        for &(device, first_segment, last_segment) in &seen {
+        uses.sort_unstable();
+        uses.dedup();
+        let mut k = 0;
+        while k < uses.len() {
+            let (device, first_segment) = uses[k];
+            let mut last_segment = first_segment;
+            k += 1;
+            while k < uses.len()
+                && uses[k].0 == device
+                && position[uses[k].1 as usize] - position[last_segment as usize] <= gap
+            {
+                last_segment = uses[k].1;
+                k += 1;
+            }
             spans.push(StreamSpan {
                 param: q as u32,
                 device,
@@ -259,7 +282,8 @@ pub(crate) fn segment_windowed(
 /// Issues each device's prefetches as early as a window of `window` bytes
 /// of buffers allows: in order of first use, each span is issued at the
 /// earliest segment on its device, no earlier than the previous span's
-/// (reads stay first-in first-out), from which its buffer fits in the
+/// (reads stay first-in first-out) and after its parameter's previous stay
+/// there was evicted, from which its buffer fits in the
 /// window for every segment until its eviction. A span that fits nowhere
 /// keeps its issue one segment ahead (a window never issues later than a
 /// double buffer). Spans used by their device's first segment go at the
@@ -276,6 +300,9 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
     // position the last span was issued at.
     let mut held: Vec<Vec<u64>> = on_device.iter().map(|l| vec![0; l.len()]).collect();
     let mut floor = vec![0usize; on_device.len()];
+    // Per (param, device): the position its previous stay was evicted at; a
+    // later stay is issued after it.
+    let mut evicted: HashMap<(u32, u32), usize> = HashMap::new();
     for span in spans.iter_mut() {
         let d = span.device as usize;
         let (first, last) = (
@@ -284,6 +311,9 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
         );
         let b = bytes[span.param as usize];
         let held = &mut held[d];
+        let after = evicted
+            .insert((span.param, span.device), last)
+            .map_or(0, |e| e + 1);
         if first == 0 {
             span.issue_segment = None;
             for h in &mut held[..=last] {
@@ -292,7 +322,7 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
             continue;
         }
         let latest = first - 1;
-        let start = floor[d].min(latest);
+        let start = floor[d].min(latest).max(after);
         // The earliest issue position whose buffer fits from there on.
         let mut from = latest;
         let mut k = latest + 1;

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{accelerator, host, mlp, replayed, replayed_candidate, Builder, KIB, MIB};
+use common::{
+    accelerator, host, mlp, replayed, replayed_candidate, single_stays, Builder, KIB, MIB,
+};
 use tensortorrent_planner::{
     plan, Device, Family, Objective, Plan, PlanError, Planner, StopReason,
 };
@@ -330,15 +332,16 @@ fn deeper_prefetch_issues_earlier_and_holds_more() {
     let tight = vec![host(GIB), accelerator("acc", 5 * MIB / 2)];
     let p = plan(&g, &tight, Objective::Latency, false).unwrap();
     assert_eq!(p.param_streamed, vec![true; 8]);
-    assert_eq!(p.param_prefetch_segment, (1..=8).collect::<Vec<i64>>());
-    assert_eq!(p.param_issue_segment, [-1, 1, 2, 3, 4, 5, 6, 7]);
+    let (issue, first, _) = single_stays(&p);
+    assert_eq!(first, (1..=8).collect::<Vec<i64>>());
+    assert_eq!(issue, [-1, 1, 2, 3, 4, 5, 6, 7]);
     let deeper = Planner::new(Objective::Latency)
         .with_host_compute(false)
         .with_prefetch_depth(2)
         .run(&g, &[host(GIB), accelerator("acc", 7 * MIB / 2)])
         .unwrap();
     assert_eq!(deeper.param_streamed, vec![true; 8]);
-    assert_eq!(deeper.param_issue_segment, [-1, -1, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(deeper.stream_issue_segment, [-1, -1, 1, 2, 3, 4, 5, 6]);
 }
 
 /// `deep_mlp(16)` with every weight's home disk, and a host with a budget of half the
@@ -451,9 +454,10 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
     assert_eq!(p.param_streamed.iter().filter(|&&s| !s).count(), 7);
     assert!(p.peak_bytes[0] <= 8 * weight + 4 * MIB);
     // each streamed weight is read when the segment using it starts
+    let (issue, first, _) = single_stays(&p);
     for q in 0..16 {
         if p.param_streamed[q] {
-            assert_eq!(p.param_issue_segment[q], p.param_prefetch_segment[q]);
+            assert_eq!(issue[q], first[q]);
         }
     }
     // replaying the choice (the plan cache does) gives the same plan
@@ -465,7 +469,7 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
     )
     .unwrap();
     assert_eq!(again.prefetch_depth, 0);
-    assert_eq!(again.param_issue_segment, p.param_issue_segment);
+    assert_eq!(again.stream_issue_segment, p.stream_issue_segment);
     // The recorded depth, not the name, makes it synchronous: with the same
     // devices the same plan and hash; under another name the same reads;
     // at depth 1 the reads are issued ahead again.
@@ -489,10 +493,10 @@ fn a_tight_host_budget_reads_synchronously_to_keep_one_more_weight() {
         p.predicted_time_s.to_bits()
     );
     let relabelled = replay("x", 0).unwrap();
-    assert_eq!(relabelled.param_issue_segment, p.param_issue_segment);
+    assert_eq!(relabelled.stream_issue_segment, p.stream_issue_segment);
     assert_ne!(relabelled.plan_hash, p.plan_hash, "the name is hashed");
     match replay(&p.chosen, 1) {
-        Ok(ahead) => assert_ne!(ahead.param_issue_segment, p.param_issue_segment),
+        Ok(ahead) => assert_ne!(ahead.stream_issue_segment, p.stream_issue_segment),
         Err(e) => assert!(matches!(e, PlanError::Infeasible { .. }), "{e}"),
     }
 }

@@ -224,6 +224,6 @@ fn a_plan_with_moved_homes_replays_on_the_graph_planned() {
         let again = replayed(&planner(), &planned, &tight, &p).unwrap();
         assert_eq!(again.plan_hash, p.plan_hash);
         assert_eq!(again.param_home, p.param_home);
-        assert_eq!(again.param_issue_segment, p.param_issue_segment);
+        assert_eq!(again.stream_issue_segment, p.stream_issue_segment);
     }
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{accelerator, host, machine, mlp, replayed, Builder, KIB, MIB};
+use common::{accelerator, host, machine, mlp, replayed, single_stays, stays, Builder, KIB, MIB};
 use tensortorrent_planner::{plan, Device, Objective, Plan, PlanError, Planner};
 
 fn candidate<'a>(p: &'a Plan, name: &str) -> &'a tensortorrent_planner::Candidate {
@@ -33,8 +33,7 @@ fn big_budget_keeps_every_param_resident_in_one_segment() {
     assert!(p.node_device[1..].iter().all(|&d| d == 1));
     assert_eq!(p.param_streamed, vec![false; 8]);
     assert_eq!(p.param_device, vec![1; 8]);
-    assert_eq!(p.param_prefetch_segment, vec![-1; 8]);
-    assert_eq!(p.param_evict_segment, vec![-1; 8]);
+    assert!(p.stream_param.is_empty());
     assert_eq!(p.segment_device, vec![0, 1]);
     assert!(p.node_segment[1..].iter().all(|&s| s == 1));
     assert!(
@@ -70,8 +69,9 @@ fn small_budget_streams_one_layer_per_segment() {
     );
     let mut prefetch: Vec<i64> = (0..8).collect();
     prefetch[0] = -1;
-    assert_eq!(p.param_prefetch_segment, prefetch);
-    assert_eq!(p.param_evict_segment, prefetch);
+    let (_, first, last) = single_stays(&p);
+    assert_eq!(first, prefetch);
+    assert_eq!(last, prefetch);
 }
 
 #[test]
@@ -86,8 +86,9 @@ fn tight_budget_streams_everything() {
         .chain((1..=8).flat_map(|s| [s, s]))
         .collect();
     assert_eq!(p.node_segment, expected);
-    assert_eq!(p.param_prefetch_segment, (1..=8).collect::<Vec<i64>>());
-    assert_eq!(p.param_evict_segment, (1..=8).collect::<Vec<i64>>());
+    let (_, first, last) = single_stays(&p);
+    assert_eq!(first, (1..=8).collect::<Vec<i64>>());
+    assert_eq!(last, (1..=8).collect::<Vec<i64>>());
     // The greedy keeps everything streamed: only the streamed candidate is
     // listed, once.
     assert_eq!(p.chosen, "all-on-virtual:0/streamed");
@@ -95,11 +96,11 @@ fn tight_budget_streams_everything() {
 }
 
 #[test]
-fn shared_param_stays_from_first_to_last_use() {
+fn a_param_used_again_after_a_gap_stays_once_per_run_of_uses() {
     // Six linears with 1 MiB weights except the last (3 MiB); `shared` (1 MiB)
     // is used by layers 1 and 3. Streaming peaks at 4 MiB around the last
-    // layers, where `shared` is gone: making anything resident would exceed
-    // 4.5 MiB, so everything streams.
+    // layers: making anything resident would exceed 4.5 MiB, so everything
+    // streams.
     let mut b = Builder::default();
     let mut prev = b.input(4 * KIB);
     let mut layers = Vec::new();
@@ -117,10 +118,45 @@ fn shared_param_stays_from_first_to_last_use() {
     assert!(p.peak_bytes[1] <= budget && p.peak_bytes[1] >= 4 * MIB);
     // One segment per layer after the input's.
     assert_eq!(p.node_segment, vec![0, 1, 2, 3, 4, 5, 6]);
-    assert_eq!(p.param_prefetch_segment[shared], 2);
-    assert_eq!(p.param_evict_segment[shared], 4);
-    assert_eq!(&p.param_prefetch_segment[..6], &[1, 2, 3, 4, 5, 6]);
-    assert_eq!(&p.param_evict_segment[..6], &[1, 2, 3, 4, 5, 6]);
+    // `shared` leaves after layer 1 (segment 2) and comes back for layer 3
+    // (segment 4), prefetched when segment 3 starts, after its eviction.
+    let per_param = stays(&p);
+    assert_eq!(per_param[shared], vec![(1, 2, 2), (3, 4, 4)]);
+    for (s, layer) in (1i64..).zip(&per_param[..6]) {
+        assert_eq!(layer, &vec![(if s == 1 { -1 } else { s - 1 }, s, s)]);
+    }
+}
+
+#[test]
+fn a_param_used_at_both_ends_is_not_held_in_between() {
+    // A 4 MiB weight used by the first and the last of six layers (a tied
+    // embedding); the four between use 2 MiB each. Held from its first use to
+    // its last, the weight and two buffers of the middle layers need 8 MiB;
+    // evicted after the first layer and prefetched again for the last, 6 MiB
+    // (itself beside one 2 MiB buffer) do.
+    let mut b = Builder::default();
+    let mut prev = b.input(4 * KIB);
+    let mut layers = Vec::new();
+    for i in 0..6 {
+        prev = b.node(1e9, 4 * KIB, false, &[prev]);
+        if (1..5).contains(&i) {
+            b.param(2 * MIB, &[prev]);
+        }
+        layers.push(prev);
+    }
+    let tied = b.param(4 * MIB, &[layers[0], layers[5]]) as usize;
+    b.output(prev);
+    let g = b.build();
+    let budget = 7 * MIB;
+    let p = plan(&g, &machine(budget), Objective::Latency, false).unwrap();
+    assert!(p.param_streamed[tied]);
+    assert!(p.peak_bytes[1] <= budget, "{:?}", p.peak_bytes);
+    let per_param = stays(&p);
+    assert_eq!(per_param[tied].len(), 2, "{:?}", per_param[tied]);
+    let (first, second) = (per_param[tied][0], per_param[tied][1]);
+    assert_eq!((first.1, first.2), (1, 1));
+    assert_eq!((second.1, second.2), (6, 6));
+    assert!(second.0 > first.2, "prefetched again after its eviction");
 }
 
 #[test]
@@ -471,7 +507,7 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
     let replayed = replayed(&planner, &g, &devices, &searched).expect("the chosen placement fits");
     assert_eq!(replayed.plan_hash, searched.plan_hash);
     assert_eq!(replayed.node_segment, searched.node_segment);
-    assert_eq!(replayed.param_issue_segment, searched.param_issue_segment);
+    assert_eq!(replayed.stream_issue_segment, searched.stream_issue_segment);
     assert!((replayed.predicted_time_s - searched.predicted_time_s).abs() < 1e-12);
     assert_eq!(replayed.report.candidates_simulated, 1);
     let all_resident = vec![false; searched.param_streamed.len()];

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Builder, Rng, KIB};
+use common::{stays, Builder, Rng, KIB};
 use tensortorrent_planner::{
     exhaustive, Activity, CostGraph, Device, Objective, Plan, PlanError, Planner, Record, Resource,
     Tier,
@@ -167,7 +167,7 @@ fn check(g: &CostGraph, devices: &[Device], objective: Objective, host_compute: 
         p.node_segment.last().map_or(0, |&s| s as usize + 1)
     );
     // Parameters.
-    for q in 0..g.num_params() {
+    for (q, mine) in stays(p).iter().enumerate() {
         let on_acc: Vec<u32> = g
             .param_users(q)
             .iter()
@@ -185,24 +185,30 @@ fn check(g: &CostGraph, devices: &[Device], objective: Objective, host_compute: 
                 !on_acc.is_empty() || on_disk,
                 "param {q} streamed but unused on accelerators"
             );
-            let segs: Vec<i64> = g
+            // Its stays there serve exactly its using segments, in runs: a
+            // stay starts and ends at a use, and the next one is issued after
+            // the previous one's eviction.
+            let mut segs: Vec<i64> = g
                 .param_users(q)
                 .iter()
                 .filter(|&&u| p.node_device[u as usize] == expected_device)
                 .map(|&u| i64::from(p.node_segment[u as usize]))
                 .collect();
-            assert_eq!(p.param_prefetch_segment[q], *segs.iter().min().unwrap());
-            assert_eq!(p.param_evict_segment[q], *segs.iter().max().unwrap());
-            assert!(p.param_issue_segment[q] < p.param_prefetch_segment[q]);
+            segs.sort_unstable();
+            segs.dedup();
+            assert!(!mine.is_empty(), "param {q} streamed without a stay");
+            let mut served: Vec<i64> = Vec::new();
+            for (k, &(issue, first, last)) in mine.iter().enumerate() {
+                assert!(issue < first, "param {q} stay {k}");
+                assert!(segs.contains(&first) && segs.contains(&last));
+                if k > 0 {
+                    assert!(issue > mine[k - 1].2, "param {q} stay {k}");
+                }
+                served.extend(segs.iter().filter(|&&s| first <= s && s <= last));
+            }
+            assert_eq!(served, segs, "param {q}");
         } else {
-            assert_eq!(
-                (
-                    p.param_prefetch_segment[q],
-                    p.param_evict_segment[q],
-                    p.param_issue_segment[q]
-                ),
-                (-1, -1, -1)
-            );
+            assert!(mine.is_empty(), "param {q} resident with a stay");
         }
     }
     check_timeline(g, devices, p);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{host, replayed, Builder, MIB};
+use common::{host, replayed, single_stays, Builder, MIB};
 use tensortorrent_planner::{CostGraph, Device, Objective, Planner, Tier, WINDOW_PREFIX};
 
 /// Four blocks, each a 32 MiB weight (10 ms of compute) then three layers
@@ -57,11 +57,11 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
     );
 
     // The large weights are read right after the previous one is evicted.
+    let (issue, first, last) = single_stays(&p);
     for big in [4, 8, 12] {
         assert!(p.param_streamed[big]);
-        let issue = p.param_issue_segment[big];
-        assert!(issue <= p.param_evict_segment[big - 4] + 1, "weight {big}");
-        assert!(issue < p.param_prefetch_segment[big] - 1, "weight {big}");
+        assert!(issue[big] <= last[big - 4] + 1, "weight {big}");
+        assert!(issue[big] < first[big] - 1, "weight {big}");
     }
     // Buffers held at once never exceed the window.
     let bytes = g.param_bytes();
@@ -70,8 +70,8 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
         let held: u64 = (0..g.num_params())
             .filter(|&q| p.param_streamed[q])
             .filter(|&q| {
-                let from = p.param_issue_segment[q].max(0);
-                from <= s && s <= p.param_evict_segment[q]
+                let from = issue[q].max(0);
+                from <= s && s <= last[q]
             })
             .map(|q| bytes[q])
             .sum();
@@ -83,7 +83,7 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
     let again = replayed(&Planner::new(Objective::Latency), &g, &[cpu()], &p).unwrap();
     assert_eq!(again.plan_hash, p.plan_hash);
     assert_eq!(again.prefetch_window_bytes, window);
-    assert_eq!(again.param_issue_segment, p.param_issue_segment);
+    assert_eq!(again.stream_issue_segment, p.stream_issue_segment);
     // The name is only a label: the recorded window issues the prefetches.
     let replay = |name: &str, window: u64| {
         Planner::new(Objective::Latency)
@@ -100,11 +100,11 @@ fn a_window_hides_large_reads_behind_the_layers_before_them() {
             .unwrap()
     };
     let relabelled = replay("x", window);
-    assert_eq!(relabelled.param_issue_segment, p.param_issue_segment);
+    assert_eq!(relabelled.stream_issue_segment, p.stream_issue_segment);
     assert_eq!(relabelled.prefetch_window_bytes, window);
     let unwindowed = replay(&p.chosen, 0);
     assert_eq!(unwindowed.prefetch_window_bytes, 0);
-    assert_ne!(unwindowed.param_issue_segment, p.param_issue_segment);
+    assert_ne!(unwindowed.stream_issue_segment, p.stream_issue_segment);
     assert_ne!(unwindowed.plan_hash, p.plan_hash);
 }
 
@@ -196,8 +196,8 @@ fn a_window_too_narrow_to_issue_anything_earlier_is_not_listed_again() {
         let with = common::replayed_candidate(&planner, &g, std::slice::from_ref(&cpu), c);
         let without = common::replayed_candidate(&planner, &g, std::slice::from_ref(&cpu), &plain);
         assert_ne!(
-            with.unwrap().param_issue_segment,
-            without.unwrap().param_issue_segment,
+            with.unwrap().stream_issue_segment,
+            without.unwrap().stream_issue_segment,
             "{} issues as the double buffer does",
             c.name
         );

@@ -113,7 +113,7 @@ def test_a_plan_explains_its_search() -> None:
     resource, kind, index, start, end = p.timeline[-1]
     assert (resource, kind, index) == ("virtual:0->cpu", "output", 8)
     assert end == p.predicted_time_s and start <= end
-    assert len(p.param_issue_segment) == 8
+    assert p.stream_param == tuple(range(8))  # one stay each, in order of use
 
 
 def test_a_plans_vectors_are_tuples_built_once() -> None:
@@ -128,9 +128,11 @@ def test_a_plans_vectors_are_tuples_built_once() -> None:
         "segment_device",
         "param_streamed",
         "param_device",
-        "param_prefetch_segment",
-        "param_evict_segment",
-        "param_issue_segment",
+        "stream_param",
+        "stream_device",
+        "stream_issue_segment",
+        "stream_first_segment",
+        "stream_last_segment",
         "value_spilled",
         "value_reload_segment",
         "param_home",

@@ -147,17 +147,34 @@ def check_plan(case: Case, p: planner.Plan) -> None:
             else:
                 ready = arrival("value", u, f"cpu->{names[d]}")
             assert start >= ready - tolerance, f"node {v} starts before input {u} arrives"
-        # A parameter is on its node's device whenever the node runs.
+        # A parameter is on its node's device whenever the node runs: the node's segment
+        # is served by one of its stays there, whose copy (the last one begun before
+        # the node starts) has landed.
         for q, users in enumerate(case.param_users):
             if v not in users or d == 0:
                 continue
             if p.param_streamed[q]:
-                assert start >= arrival("param", q, f"cpu->{names[d]}") - tolerance
-                if p.param_device[q] == d:
-                    segment = p.node_segment[v]
-                    assert p.param_prefetch_segment[q] <= segment <= p.param_evict_segment[q]
+                copies = [
+                    (s, e)
+                    for r, k, i, s, e in p.timeline
+                    if (r, k, i) == (f"cpu->{names[d]}", "param", q) and s <= start + tolerance
+                ]
+                assert copies, f"param {q} never copied before node {v}"
+                assert start >= max(copies)[1] - tolerance
+                segment = p.node_segment[v]
+                assert any(
+                    first <= segment <= last
+                    for param, device, first, last in zip(
+                        p.stream_param,
+                        p.stream_device,
+                        p.stream_first_segment,
+                        p.stream_last_segment,
+                        strict=True,
+                    )
+                    if (param, device) == (q, d)
+                )
             else:
-                assert p.param_prefetch_segment[q] == -1
+                assert q not in p.stream_param
 
     again = planner.simulate(case.graph(), case.devices, p.node_device, p.param_streamed)
     assert again.predicted_time_s == p.predicted_time_s

@@ -15,6 +15,8 @@
 //! budget keeps more, by the same values, while the predicted time does not
 //! grow.
 
+use std::collections::HashSet;
+
 use crate::graph::Tier;
 use crate::placement::{Placement, HOST};
 use crate::plan::search::{Search, Trial};
@@ -130,7 +132,8 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         segment_bytes[span.first_segment as usize] += bytes[span.param as usize] as f64;
     }
     let mut value = vec![0.0f64; g.num_params()];
-    let mut spans_of = vec![0u32; g.num_params()];
+    let mut devices_of = vec![0u32; g.num_params()];
+    let mut listed = HashSet::new();
     let mut items: Vec<Vec<u32>> = vec![Vec::new(); nd];
     for span in &seg.spans {
         let q = span.param as usize;
@@ -150,8 +153,11 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         if copy.is_finite() {
             value[q] += COPY_TIME_WEIGHT * copy;
         }
-        spans_of[q] += 1;
-        items[span.device as usize].push(span.param);
+        // one item per (parameter, device), however many stays it has there
+        if listed.insert((span.param, span.device)) {
+            devices_of[q] += 1;
+            items[span.device as usize].push(span.param);
+        }
     }
 
     let mut capacity: Vec<u64> = s
@@ -172,7 +178,7 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
         items: &items,
         bytes,
         value: &value,
-        spans_of: &spans_of,
+        devices_of: &devices_of,
     };
     // `streamed`'s placement, depth and window with `param_streamed` resident or not
     let simulate = |s: &mut Search, param_streamed: Vec<bool>| {
@@ -227,7 +233,7 @@ struct Choice<'a> {
     items: &'a [Vec<u32>],
     bytes: &'a [u64],
     value: &'a [f64],
-    spans_of: &'a [u32],
+    devices_of: &'a [u32],
 }
 
 impl Choice<'_> {
@@ -254,7 +260,7 @@ impl Choice<'_> {
             }
         }
         (0..param_streamed.len())
-            .map(|q| param_streamed[q] && chosen[q] < self.spans_of[q])
+            .map(|q| param_streamed[q] && chosen[q] < self.devices_of[q])
             .collect()
     }
 }

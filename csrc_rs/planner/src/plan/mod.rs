@@ -393,9 +393,6 @@ impl Planner {
 
         let p = g.num_params();
         let mut param_device = vec![HOST; p];
-        let mut param_prefetch_segment = vec![-1i64; p];
-        let mut param_evict_segment = vec![-1i64; p];
-        let mut param_issue_segment = vec![-1i64; p];
         for (q, dev) in param_device.iter_mut().enumerate() {
             *dev = g
                 .param_users(q)
@@ -405,14 +402,7 @@ impl Planner {
                 .min()
                 .map_or(HOST, |u| pl.node_device[u]);
         }
-        for span in &seg.spans {
-            let q = span.param as usize;
-            if span.device == param_device[q] {
-                param_prefetch_segment[q] = i64::from(span.first_segment);
-                param_evict_segment[q] = i64::from(span.last_segment);
-                param_issue_segment[q] = span.issue_segment.map_or(-1, i64::from);
-            }
-        }
+        let stays = &seg.spans;
         let mut value_spilled = vec![false; g.num_nodes()];
         let mut value_reload_segment = vec![-1i64; g.num_nodes()];
         for spill in &seg.spills {
@@ -431,9 +421,14 @@ impl Planner {
             segment_device: seg.segment_device.clone(),
             param_streamed: pl.param_streamed.clone(),
             param_device,
-            param_prefetch_segment,
-            param_evict_segment,
-            param_issue_segment,
+            stream_param: stays.iter().map(|span| span.param).collect(),
+            stream_device: stays.iter().map(|span| span.device).collect(),
+            stream_issue_segment: stays
+                .iter()
+                .map(|span| span.issue_segment.map_or(-1, i64::from))
+                .collect(),
+            stream_first_segment: stays.iter().map(|span| span.first_segment).collect(),
+            stream_last_segment: stays.iter().map(|span| span.last_segment).collect(),
             value_spilled,
             value_reload_segment,
             param_home: g.param_home().to_vec(),

@@ -7,8 +7,9 @@
 //! in growing batches.
 //!
 //! The bounds rest on the simulation's model (see `crate::simulate`):
-//! * streamed buffers live from the start of the segment before their first
-//!   using segment (time 0 for the first) to the end of their last, so the
+//! * a streamed parameter's buffer lives, for each run of its using segments
+//!   at most one apart, from the start of the segment before the run's first
+//!   (time 0 for the first) to the end of its last, so the
 //!   buffers alive during a segment follow from segment ordinals alone (a
 //!   prefetch depth of 1, a double buffer: with deeper prefetch, merging two
 //!   segments moves other buffers' starts earlier and the bounds fail, so
@@ -21,7 +22,9 @@
 //! A trial makes a batch of parameters resident at once. Its upper bound
 //! holds for every prefix of the batch: a prefix's segments refine the
 //! batch's, its buffers alive in a segment are those of the batch's enclosing
-//! segment plus the batch members still streamed (whose bytes the bound
+//! segment (uses at most one of the prefix's segments apart are at most one
+//! of the batch's apart, so each of its stays lies within one of the
+//! batch's) plus the batch members still streamed (whose bytes the bound
 //! already counts as resident), and its value lifetimes end no later than the
 //! batch's when "same segment" is judged on the committed segmentation, the
 //! finest of all. So a batch within budget means that the one-by-one greedy
@@ -330,11 +333,31 @@ impl<'a> Bounds<'a> {
         let segments = self.seg_lo.len();
         self.buffers.clear();
         self.buffers.resize(segments + 1, 0);
-        for &(q, first, last) in &self.params {
-            if streamed[q as usize] {
-                let bytes = i128::from(self.g.param_bytes()[q as usize]);
-                let f = self.trial_ord[first as usize] as usize;
-                let l = self.trial_ord[last as usize] as usize;
+        // One stay per run of using segments at most one apart (see
+        // `crate::placement::segment`, at depth 1).
+        for &(q, _, _) in &self.params {
+            if !streamed[q as usize] {
+                continue;
+            }
+            let bytes = i128::from(self.g.param_bytes()[q as usize]);
+            let (lo, hi) = (
+                self.user_offsets[q as usize] as usize,
+                self.user_offsets[q as usize + 1] as usize,
+            );
+            let mut stay: Option<(usize, usize)> = None;
+            for k in lo..hi {
+                let o = self.trial_ord[self.user_ids[k] as usize] as usize;
+                stay = match stay {
+                    Some((f, l)) if o <= l + 1 => Some((f, o)),
+                    Some((f, l)) => {
+                        self.buffers[f.saturating_sub(1)] += bytes;
+                        self.buffers[l + 1] -= bytes;
+                        Some((o, o))
+                    }
+                    None => Some((o, o)),
+                };
+            }
+            if let Some((f, l)) = stay {
                 self.buffers[f.saturating_sub(1)] += bytes;
                 self.buffers[l + 1] -= bytes;
             }

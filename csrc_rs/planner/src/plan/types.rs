@@ -92,17 +92,25 @@ pub struct Plan {
     /// Accelerator whose nodes use each parameter (the first one in node
     /// order if several do); 0 when only host nodes use it.
     pub param_device: Vec<u32>,
-    /// For streamed parameters, the first segment using it on
-    /// `param_device`; -1 otherwise.
-    pub param_prefetch_segment: Vec<i64>,
-    /// For streamed parameters, the last segment using it on
-    /// `param_device` (it is evicted after it); -1 otherwise.
-    pub param_evict_segment: Vec<i64>,
-    /// For streamed parameters, the segment whose start issues the
-    /// prefetch to `param_device` (the prefetch depth's worth of segments
-    /// before the first use there); -1 for "at the start of the run" and
-    /// for parameters not streamed.
-    pub param_issue_segment: Vec<i64>,
+    /// The stays of streamed parameters on the devices they stream to,
+    /// ordered by first segment, then parameter (the `stream_` fields,
+    /// indexed by stay): stay `k` brings parameter `stream_param[k]` to
+    /// device `stream_device[k]`, serves the segments from
+    /// `stream_first_segment[k]` to `stream_last_segment[k]` that use it
+    /// there and is evicted after the last. A parameter used again after a
+    /// gap (a tied embedding, a layer applied in a loop) has a stay per run
+    /// of uses.
+    pub stream_param: Vec<u32>,
+    /// The device each stay brings its parameter to.
+    pub stream_device: Vec<u32>,
+    /// The segment whose start issues each stay's prefetch (the prefetch
+    /// depth's worth of segments before its first use); -1 for "at the start
+    /// of the run".
+    pub stream_issue_segment: Vec<i64>,
+    /// The first segment each stay serves.
+    pub stream_first_segment: Vec<u32>,
+    /// The last segment each stay serves (it is evicted after it).
+    pub stream_last_segment: Vec<u32>,
     /// Whether each node's value is spilled to the host across a gap in
     /// its uses (only spillable values are).
     pub value_spilled: Vec<bool>,

@@ -165,3 +165,38 @@ pub fn replayed_candidate(
         c.prefetch_window_bytes,
     )
 }
+
+/// Each parameter's stays on its `param_device`, in order, as `(issue, first, last)`
+/// segments.
+pub fn stays(p: &Plan) -> Vec<Vec<(i64, i64, i64)>> {
+    let mut out = vec![Vec::new(); p.param_streamed.len()];
+    for k in 0..p.stream_param.len() {
+        let q = p.stream_param[k] as usize;
+        if p.stream_device[k] == p.param_device[q] {
+            out[q].push((
+                p.stream_issue_segment[k],
+                i64::from(p.stream_first_segment[k]),
+                i64::from(p.stream_last_segment[k]),
+            ));
+        }
+    }
+    out
+}
+
+/// For a plan whose streamed parameters each stay once on their device: per parameter,
+/// the segment issuing its prefetch, its first and its last using segment (`-1` each
+/// when it does not stream).
+pub fn single_stays(p: &Plan) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    let per_param = stays(p);
+    let one = |k: usize| -> Vec<i64> {
+        per_param
+            .iter()
+            .map(|s| match s.as_slice() {
+                [] => -1,
+                [stay] => [stay.0, stay.1, stay.2][k],
+                more => panic!("a parameter stays {} times", more.len()),
+            })
+            .collect()
+    };
+    (one(0), one(1), one(2))
+}

@@ -1,0 +1,91 @@
+"""A weight used at places far apart in a graph (a layer applied in a loop, a tied
+embedding) is streamed for each run of its uses and evicted in between, instead of held
+from its first use to its last."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+import torch
+
+import tensortorrent as tt
+from tensortorrent_dynamo.run import ops
+from tests.integration.corpus.harness import (
+    DEVICE,
+    INFERENCE_CONTEXTS,
+    assert_same,
+    disk_options,
+    param_bytes,
+)
+from tests.integration.corpus.harness import options as corpus_options
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 6
+
+
+def _albert() -> tuple[torch.nn.Module, torch.Tensor]:
+    """ALBERT: one layer's weights shared by all ``LAYERS`` layers."""
+    torch.manual_seed(0)
+    config = transformers.AlbertConfig(
+        vocab_size=256,
+        embedding_size=32,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+    )
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    return transformers.AlbertModel(config).eval(), ids
+
+
+def _stays(compiled: tt.CompiledModule) -> collections.Counter[str]:
+    (graph,) = compiled.graphs
+    params = graph.plan.cost.params
+    return collections.Counter(params[stay.param].fqn for stay in graph.plan.stays())
+
+
+def test_a_layer_applied_in_a_loop_streams_its_weights_for_each_application() -> None:
+    """At three quarters of ALBERT's weights on the device, each weight of the shared layer
+    that streams comes in once per layer and leaves after it. Held from its first use to
+    its last, the shared layer needed 297 KiB of the 237 KiB budget and was refused."""
+    model, ids = _albert()
+    with torch.no_grad():
+        expected = model(ids)
+    opts = corpus_options("third", model)
+    budget = param_bytes(model) * 3 // 4
+    opts["budgets"] = {DEVICE: budget}
+    compiled = tt.compile(model, example_inputs=(ids,), **opts)
+    for context in INFERENCE_CONTEXTS:
+        with context():
+            assert_same(compiled(ids), expected)
+
+    stays = _stays(compiled)
+    shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
+    assert shared, stays
+    assert all(stays[fqn] == LAYERS for fqn in shared), stays
+    (graph,) = compiled.graphs
+    prefetches = [n for n in graph.module.graph.nodes if n.target is ops.prefetch]
+    evictions = [n for n in graph.module.graph.nodes if n.target is ops.evict]
+    assert len(prefetches) == len(evictions) == sum(stays.values())
+    # one truth for memory: the run holds what the plan counts
+    assert compiled.measured_peaks()[DEVICE] == graph.plan.predicted_peak(DEVICE) <= budget
+
+
+def test_a_shared_layer_read_from_disk_is_read_for_each_application(tmp_path: Path) -> None:
+    """With no accelerator and most of the weights on disk, the shared layer's weights that
+    stream are read once per layer, each into a buffer freed after its layer."""
+    model, ids = _albert()
+    with torch.no_grad():
+        expected = model(ids)
+    opts = disk_options(model, tmp_path)
+    opts["budgets"] = {"cpu": param_bytes(model) * 4 // 5}
+    compiled = tt.compile(model, example_inputs=(ids,), **opts)
+    for context in INFERENCE_CONTEXTS:
+        with context():
+            assert_same(compiled(ids), expected)
+    stays = _stays(compiled)
+    shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
+    assert shared and all(stays[fqn] == LAYERS for fqn in shared), stays
