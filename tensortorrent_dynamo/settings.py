@@ -315,7 +315,13 @@ def _number(
     if not ok or not (value >= minimum if inclusive else value > minimum) or value != value:
         bound = f"{'>=' if inclusive else '>'} {minimum:g}"
         raise OptionsError(f"option {key!r}: expected {what} {bound}, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest float
+        raise OptionsError(
+            f"option {key!r}: expected {what}, got an integer of {value.bit_length()} bits, "
+            "past the largest float"
+        ) from None
 
 
 def _count(

@@ -144,6 +144,9 @@ def test_planner_and_reader_knobs_are_settings() -> None:
         ("memory_slack", -0.1),
         ("planner_time_limit_s", "1s"),
         ("plan_cache", "yes"),
+        # an int no float holds (a plan file's options are JSON: any int parses)
+        ("io_timeout_s", 2**1024),
+        ("memory_slack", 2**1024),
     ]:
         with pytest.raises(OptionsError, match=key):
             parse_options({key: bad})
