@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -232,23 +233,31 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
         return []
     read = [i for i in on_disk if plan.residency[i].streams]
     kept = [i for i in on_disk if not plan.residency[i].streams]
-    read_bytes = sum(params[i].nbytes for i in read)
-    inline = [i for i in read if params[i].nbytes <= INLINE_READ_BYTES]
+    # a read per stay: a weight used again after a gap in its uses is read again
+    reads = [stay.param for stay in plan.stays() if plan.residency[stay.param].reads_from_disk]
+    read_bytes = sum(params[i].nbytes for i in reads)
+    inline = [i for i in reads if params[i].nbytes <= INLINE_READ_BYTES]
     rate, rate_source = graph.profile.disk_read_rate(plan.chunk_bytes)
     latency = graph.profile.planned_disk_latency_s
     inline_s = graph.profile.inline_read_s
-    handed = len(read) - len(inline)
+    handed = len(reads) - len(inline)
     planned = handed * latency + len(inline) * inline_s + read_bytes / rate
     per_read = f" and {format_seconds(latency)} a read" if handed else ""
+    what = f"{len(read)} parameters ({format_bytes(read_bytes)}) read from disk each run"
+    if len(reads) > len(read):
+        what = (
+            f"{len(read)} parameters read from disk each run in {len(reads)} reads "
+            f"({format_bytes(read_bytes)}: one used again after a gap in its uses is read again)"
+        )
     lines = [
-        f"  disk tier: {len(read)} parameters ({format_bytes(read_bytes)}) read from disk each "
-        f"run, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) kept in RAM; "
-        f"planned read time {format_seconds(planned)} at {format_rate(rate, 'B/s')}{per_read}",
+        f"  disk tier: {what}, {len(kept)} ({format_bytes(sum(params[i].nbytes for i in kept))}) "
+        f"kept in RAM; planned read time {format_seconds(planned)} at "
+        f"{format_rate(rate, 'B/s')}{per_read}",
         f"    read rate from {rate_source}",
     ]
     if inline:
         lines.append(
-            f"    {len(inline)} of {len(read)} reads, of at most "
+            f"    {len(inline)} of {len(reads)} reads, of at most "
             f"{format_bytes(INLINE_READ_BYTES)}, made by the calling thread at "
             f"{format_seconds(inline_s)} each (profile disk.read_inline): the host computes "
             "nothing meanwhile"
@@ -539,10 +548,17 @@ def explain_graph(graph: CompiledGraph) -> str:
             when = f"prefetched {native.prefetch_depth} segments ahead"
         else:
             when = "each read when its segment starts, one buffer"
-        lines.append(
-            f"  streamed parameters ({len(streamed_names)}, {when}, evicted after last use): "
-            f"{shown}"
-        )
+        stays = collections.Counter(stay.param for stay in plan.stays())
+        # in order of first use
+        again = [f"{cost.params[q].fqn} x{n}" for q, n in stays.items() if n > 1]
+        evicted = "evicted after last use"
+        if again:
+            evicted = (
+                f"evicted after each run of uses: {len(again)} come back after a gap in their "
+                f"uses, {sum(stays.values())} stays in all ({', '.join(again[:4])}"
+                + (", ...)" if len(again) > 4 else ")")
+            )
+        lines.append(f"  streamed parameters ({len(streamed_names)}, {when}, {evicted}): {shown}")
     else:
         lines.append("  streamed parameters: none")
     lines += _explain_state(graph)

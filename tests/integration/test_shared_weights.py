@@ -72,6 +72,8 @@ def test_a_layer_applied_in_a_loop_streams_its_weights_for_each_application() ->
     assert len(prefetches) == len(evictions) == sum(stays.values())
     # one truth for memory: the run holds what the plan counts
     assert compiled.measured_peaks()[DEVICE] == graph.plan.predicted_peak(DEVICE) <= budget
+    comeback = f"{len([n for n in stays.values() if n > 1])} come back after a gap in their uses"
+    assert comeback in compiled.explain()
 
 
 def test_a_shared_layer_read_from_disk_is_read_for_each_application(tmp_path: Path) -> None:
@@ -89,3 +91,5 @@ def test_a_shared_layer_read_from_disk_is_read_for_each_application(tmp_path: Pa
     stays = _stays(compiled)
     shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
     assert shared and all(stays[fqn] == LAYERS for fqn in shared), stays
+    reads = f"{len(stays)} parameters read from disk each run in {sum(stays.values())} reads"
+    assert reads in compiled.explain()
