@@ -5,7 +5,9 @@ from its first use to its last."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,36 +43,42 @@ def _albert() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.AlbertModel(config).eval(), ids
 
 
-def _stays(compiled: tt.CompiledModule) -> collections.Counter[str]:
+def _run_albert(
+    options: Callable[[torch.nn.Module], dict[str, Any]],
+) -> tuple[tt.CompiledModule, collections.Counter[str]]:
+    """ALBERT compiled with ``options(model)``, checked against eager under both inference
+    contexts; with how many stays each streamed weight has, each of the shared layer's
+    having one per layer."""
+    model, ids = _albert()
+    with torch.no_grad():
+        expected = model(ids)
+    compiled = tt.compile(model, example_inputs=(ids,), **options(model))
+    for context in INFERENCE_CONTEXTS:
+        with context():
+            assert_same(compiled(ids), expected)
     (graph,) = compiled.graphs
     params = graph.plan.cost.params
-    return collections.Counter(params[stay.param].fqn for stay in graph.plan.stays())
+    stays = collections.Counter(params[stay.param].fqn for stay in graph.plan.stays())
+    shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
+    assert shared and all(stays[fqn] == LAYERS for fqn in shared), stays
+    return compiled, stays
 
 
 def test_a_layer_applied_in_a_loop_streams_its_weights_for_each_application() -> None:
     """At three quarters of ALBERT's weights on the device, each weight of the shared layer
     that streams comes in once per layer and leaves after it. Held from its first use to
     its last, the shared layer needed 297 KiB of the 237 KiB budget and was refused."""
-    model, ids = _albert()
-    with torch.no_grad():
-        expected = model(ids)
-    opts = corpus_options("third", model)
-    budget = param_bytes(model) * 3 // 4
-    opts["budgets"] = {DEVICE: budget}
-    compiled = tt.compile(model, example_inputs=(ids,), **opts)
-    for context in INFERENCE_CONTEXTS:
-        with context():
-            assert_same(compiled(ids), expected)
 
-    stays = _stays(compiled)
-    shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
-    assert shared, stays
-    assert all(stays[fqn] == LAYERS for fqn in shared), stays
+    def options(model: torch.nn.Module) -> dict[str, Any]:
+        return corpus_options("third", model) | {"budgets": {DEVICE: param_bytes(model) * 3 // 4}}
+
+    compiled, stays = _run_albert(options)
     (graph,) = compiled.graphs
     prefetches = [n for n in graph.module.graph.nodes if n.target is ops.prefetch]
     evictions = [n for n in graph.module.graph.nodes if n.target is ops.evict]
     assert len(prefetches) == len(evictions) == sum(stays.values())
     # one truth for memory: the run holds what the plan counts
+    budget = next(d.budget_bytes for d in graph.plan.devices if d.name == DEVICE)
     assert compiled.measured_peaks()[DEVICE] == graph.plan.predicted_peak(DEVICE) <= budget
     comeback = f"{len([n for n in stays.values() if n > 1])} come back after a gap in their uses"
     assert comeback in compiled.explain()
@@ -79,17 +87,10 @@ def test_a_layer_applied_in_a_loop_streams_its_weights_for_each_application() ->
 def test_a_shared_layer_read_from_disk_is_read_for_each_application(tmp_path: Path) -> None:
     """With no accelerator and most of the weights on disk, the shared layer's weights that
     stream are read once per layer, each into a buffer freed after its layer."""
-    model, ids = _albert()
-    with torch.no_grad():
-        expected = model(ids)
-    opts = disk_options(model, tmp_path)
-    opts["budgets"] = {"cpu": param_bytes(model) * 4 // 5}
-    compiled = tt.compile(model, example_inputs=(ids,), **opts)
-    for context in INFERENCE_CONTEXTS:
-        with context():
-            assert_same(compiled(ids), expected)
-    stays = _stays(compiled)
-    shared = [fqn for fqn in stays if ".albert_layers.0." in fqn]
-    assert shared and all(stays[fqn] == LAYERS for fqn in shared), stays
+
+    def options(model: torch.nn.Module) -> dict[str, Any]:
+        return disk_options(model, tmp_path) | {"budgets": {"cpu": param_bytes(model) * 4 // 5}}
+
+    compiled, stays = _run_albert(options)
     reads = f"{len(stays)} parameters read from disk each run in {sum(stays.values())} reads"
     assert reads in compiled.explain()
