@@ -12,9 +12,10 @@
 //!   as soon as it is produced (accelerator to accelerator goes through a host
 //!   staging copy); graph outputs made on an accelerator are copied back at
 //!   the end, once every node has finished;
-//! * streamed parameters are prefetched when the segment `depth` places
-//!   before their first using segment on their device starts (at time 0 when
-//!   there is none) and evicted after their last using segment; a parameter
+//! * streamed parameters are prefetched, for each stay on a device (a run of
+//!   their using segments there, see `crate::placement::segment`), when the
+//!   segment `depth` places before the stay's first using segment starts (at
+//!   time 0 when there is none) and evicted after its last; a parameter
 //!   whose home is disk is first read into a host staging buffer (freed once
 //!   copied on), or straight into host memory for host nodes. Resident
 //!   parameters occupy their devices for the whole run; the host holds every
