@@ -729,6 +729,23 @@ ENTRIES: list[Entry] = [
         ),
         decoder_inputs,
     ),
+    Entry(
+        "dory",
+        "dory",
+        "recurrent depth: a block of layers applied in a loop (3 times), its weights read "
+        "at each pass (each streamed weight comes back once per loop), sliding-window layers",
+        _causal_lm(
+            "DoryConfig",
+            **LM,
+            head_dim=16,
+            n_input_layers=1,
+            n_recurrent_layers=2,
+            n_output_layers=1,
+            n_recurrent_loops=3,
+            sliding_window=4,
+        ),
+        decoder_inputs,
+    ),
     # --- encoder-decoders
     Entry(
         "t5",
@@ -1236,7 +1253,17 @@ EVERY_OUTPUT_MODELS = ("llama", "t5", "bert")
 # generate(): the families it runs on (decoder-only, then encoder-decoder: the encoder
 # runs once outside forward, each step's forward is the decoder's), and its known failures
 # (name, cache implementation, budget) -> reason
-GENERATE_MODELS = ("llama", "qwen3", "phi", "gemma3", "granite", "deepseek_v3", "t5", "bart")
+GENERATE_MODELS = (
+    "llama",
+    "qwen3",
+    "phi",
+    "gemma3",
+    "granite",
+    "deepseek_v3",
+    "dory",
+    "t5",
+    "bart",
+)
 GENERATE_XFAIL: dict[tuple[str, str, str], str] = {}
 
 # used several ways in one process (forward, with labels, generate(), every layer's
