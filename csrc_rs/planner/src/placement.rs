@@ -1,8 +1,6 @@
 //! Placements and their segments: what the search proposes and the
 //! simulator runs (the search and the simulator both build on this module).
 
-use std::collections::HashMap;
-
 use crate::graph::{CostGraph, Tier};
 
 /// The host's index in every device list.
@@ -236,7 +234,10 @@ pub(crate) fn segment_windowed(
                 uses.push((dev, node_segment[u as usize]));
             }
         }
-        uses.sort_unstable();
+        // users come in node order, so on one device their segments are sorted
+        if !uses.is_sorted() {
+            uses.sort_unstable();
+        }
         uses.dedup();
         let mut k = 0;
         while k < uses.len() {
@@ -300,9 +301,9 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
     // position the last span was issued at.
     let mut held: Vec<Vec<u64>> = on_device.iter().map(|l| vec![0; l.len()]).collect();
     let mut floor = vec![0usize; on_device.len()];
-    // Per (param, device): the position its previous stay was evicted at; a
-    // later stay is issued after it.
-    let mut evicted: HashMap<(u32, u32), usize> = HashMap::new();
+    // Per device and param: the position after the one its previous stay was
+    // evicted at (0: none); a later stay is issued there or later.
+    let mut after_evicted: Vec<Vec<usize>> = vec![vec![0; g.num_params()]; on_device.len()];
     for span in spans.iter_mut() {
         let d = span.device as usize;
         let (first, last) = (
@@ -311,9 +312,7 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
         );
         let b = bytes[span.param as usize];
         let held = &mut held[d];
-        let after = evicted
-            .insert((span.param, span.device), last)
-            .map_or(0, |e| e + 1);
+        let after = std::mem::replace(&mut after_evicted[d][span.param as usize], last + 1);
         if first == 0 {
             span.issue_segment = None;
             for h in &mut held[..=last] {

@@ -15,8 +15,6 @@
 //! budget keeps more, by the same values, while the predicted time does not
 //! grow.
 
-use std::collections::HashSet;
-
 use crate::graph::Tier;
 use crate::placement::{Placement, HOST};
 use crate::plan::search::{Search, Trial};
@@ -133,7 +131,8 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
     }
     let mut value = vec![0.0f64; g.num_params()];
     let mut devices_of = vec![0u32; g.num_params()];
-    let mut listed = HashSet::new();
+    // per device: whether each parameter is listed there
+    let mut listed = vec![vec![false; g.num_params()]; nd];
     let mut items: Vec<Vec<u32>> = vec![Vec::new(); nd];
     for span in &seg.spans {
         let q = span.param as usize;
@@ -154,7 +153,7 @@ pub(crate) fn fit(s: &mut Search, streamed: &Trial) -> Option<Trial> {
             value[q] += COPY_TIME_WEIGHT * copy;
         }
         // one item per (parameter, device), however many stays it has there
-        if listed.insert((span.param, span.device)) {
+        if !std::mem::replace(&mut listed[span.device as usize][q], true) {
             devices_of[q] += 1;
             items[span.device as usize].push(span.param);
         }
