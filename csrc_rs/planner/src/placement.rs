@@ -262,7 +262,7 @@ pub(crate) fn segment_windowed(
     }
     spans.sort_unstable_by_key(|s| (s.first_segment, s.param));
     if window > 0 {
-        windowed_issue(g, &mut spans, &on_device, window);
+        windowed_issue(g, &mut spans, &on_device, &position, window);
     }
 
     let spills = (0..n)
@@ -288,15 +288,16 @@ pub(crate) fn segment_windowed(
 /// window for every segment until its eviction. A span that fits nowhere
 /// keeps its issue one segment ahead (a window never issues later than a
 /// double buffer). Spans used by their device's first segment go at the
-/// start of the run, as they do at any depth.
-fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>], window: u64) {
+/// start of the run, as they do at any depth. `position` is each segment's
+/// index among its device's (`on_device`).
+fn windowed_issue(
+    g: &CostGraph,
+    spans: &mut [StreamSpan],
+    on_device: &[Vec<u32>],
+    position: &[u32],
+    window: u64,
+) {
     let bytes = g.param_bytes();
-    let mut position = vec![0usize; on_device.iter().map(Vec::len).sum()];
-    for list in on_device {
-        for (k, &s) in list.iter().enumerate() {
-            position[s as usize] = k;
-        }
-    }
     // Per device: the buffer bytes held at each of its segments, and the
     // position the last span was issued at.
     let mut held: Vec<Vec<u64>> = on_device.iter().map(|l| vec![0; l.len()]).collect();
@@ -307,8 +308,8 @@ fn windowed_issue(g: &CostGraph, spans: &mut [StreamSpan], on_device: &[Vec<u32>
     for span in spans.iter_mut() {
         let d = span.device as usize;
         let (first, last) = (
-            position[span.first_segment as usize],
-            position[span.last_segment as usize],
+            position[span.first_segment as usize] as usize,
+            position[span.last_segment as usize] as usize,
         );
         let b = bytes[span.param as usize];
         let held = &mut held[d];
