@@ -202,6 +202,9 @@ class CostGraph:
     runs_with: tuple[int, ...] = ()
     # the inputs written in place, each with its new value: where they live is planned
     state: tuple[StateRef, ...] = ()
+    # per node, the module that made it (:func:`module_path`), for messages: not planned
+    # on, so neither saved nor in the digest (empty for a graph read from a file)
+    scopes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def rate_keys(self) -> list[RateKey]:
         """What each node is costed by besides its FLOPs and bytes (:class:`RateKey`): the
@@ -785,6 +788,21 @@ def _assumed_sizes(
     return assumed
 
 
+def module_path(node: torch.fx.Node) -> str:
+    """The path of the innermost module whose call made ``node``, from the compiled one
+    (``model.layers.3.mlp``), as Dynamo recorded it; ``""`` for the compiled module itself
+    or where none is recorded."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    # Dynamo's paths start at the frame's local: ``L['self'].layers[3]``,
+    # ``L['args'][0].lm_head``, ``L['self']._modules['model']``,
+    # ``L['self'].__dict__['_modules']['blocks']['0']``
+    path = re.sub(r"^L\['[^']*'\](?:\[\d+\])*", "", str(list(stack.values())[-1][0]))
+    path = re.sub(r"\['([^']*)'\]|\[(\d+)\]", lambda m: "." + (m[1] or m[2]), path)
+    return ".".join(p for p in path.split(".") if p and p not in ("_modules", "__dict__"))
+
+
 class _Builder:
     """Walks the FX graph once, in order, collecting nodes, parameters and storages."""
 
@@ -1006,6 +1024,7 @@ class _Builder:
             )
             for first, nbytes, users in self.storages.values()
         )
+        scopes = {n.name: module_path(n) for n in self.gm.graph.nodes}
         return CostGraph(
             nodes=tuple(CostNode(**n) for n in self.nodes),
             params=tuple(ParamRef(**{**p, "users": tuple(p["users"])}) for p in self.params),
@@ -1013,6 +1032,7 @@ class _Builder:
             storages=tuple(sorted(spans, key=lambda s: (s.first, s.last, s.nbytes))),
             assumed_sizes=_assumed_sizes(self.gm, self.sizes),
             runs_with=runs_with,
+            scopes=tuple(scopes.get(n["name"], "") for n in self.nodes),
         )
 
     def _runs_with(self) -> tuple[int, ...]:

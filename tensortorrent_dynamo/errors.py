@@ -6,7 +6,9 @@ native planner maps each of its error variants onto one class here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
 class TensorTorrentError(Exception):
@@ -21,16 +23,45 @@ class BudgetParseError(OptionsError):
     """A memory budget or bandwidth could not be parsed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PeakUse:
+    """What a device holds at its peak in the plan a refusal measured (the plan closest to
+    fitting): ``bytes`` in all, of which the weights it holds for the whole run
+    (``resident``: kept on an accelerator, or in host memory), the buffers of streamed
+    weights (``streamed``), host buffers that weights read from disk land in before they
+    are copied on (``reading``), and activations (``activations``: each named by its node
+    and the module that made it), each ``(name, bytes)``, largest first.
+    ``reached_by`` names what was allocated when it reached its peak."""
+
+    device: str
+    bytes: int
+    resident: tuple[tuple[str, int], ...] = ()
+    streamed: tuple[tuple[str, int], ...] = ()
+    reading: tuple[tuple[str, int], ...] = ()
+    activations: tuple[tuple[str, int], ...] = ()
+    reached_by: str | None = None
+
+
 class PlanInfeasible(TensorTorrentError):
     """No placement fits the budgets.
 
     ``min_budgets`` maps each device whose budget is too small to the smallest
-    budget in bytes with which a plan would exist.
+    budget in bytes with which a plan would exist; ``peaks`` says what each of those
+    devices holds at its peak (:class:`PeakUse`). ``native_peaks`` is the planner's own
+    form of the peaks, by index (``plan.refusal`` names them).
     """
 
-    def __init__(self, message: str, min_budgets: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        min_budgets: Mapping[str, int] | None = None,
+        peaks: Iterable[PeakUse] = (),
+        native_peaks: Any = None,
+    ) -> None:
         super().__init__(message)
         self.min_budgets: dict[str, int] = dict(min_budgets or {})
+        self.peaks: tuple[PeakUse, ...] = tuple(peaks)
+        self.native_peaks = native_peaks
 
 
 class KvCacheTooLarge(PlanInfeasible):
@@ -47,7 +78,7 @@ class KvCacheTooLarge(PlanInfeasible):
         largest: Callable[[], int],
         describe: Callable[[int], str],
     ) -> None:
-        super().__init__(str(error), error.min_budgets)
+        super().__init__(str(error), error.min_budgets, error.peaks)
         self.cache_bytes = cache_bytes
         self.length = length
         self._largest: Callable[[], int] | None = largest

@@ -382,7 +382,7 @@ def _beside_other_graphs(
             "read them from there, and their plans (saved ones) do not change."
         )
     if not short:
-        return PlanInfeasible(f"{error}{kept}", error.min_budgets) if kept else error
+        return PlanInfeasible(f"{error}{kept}", error.min_budgets, error.peaks) if kept else error
     notes = []
     for device, need in short.items():
         holders = session.holders(frame, device)
@@ -404,6 +404,7 @@ def _beside_other_graphs(
         + "."
         + kept,
         {device: beside.get(device, 0) + need for device, need in error.min_budgets.items()},
+        error.peaks,
     )
 
 

@@ -626,6 +626,7 @@ class Session:
             raise PlanInfeasible(
                 f"graph {index} was planned again, as {why}, and it no longer fits: {exc}",
                 exc.min_budgets,
+                exc.peaks,
             ) from None
         log.info(
             "graph %d planned again, as %s (%.1f s)", index, why, time.perf_counter() - started

@@ -13,7 +13,6 @@ mode, for models that fit in memory twice.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+from ..cost_graph import module_path
 from ..errors import VerifyMismatch
 from ..io.pool import HostBufferPool
 from ..io.reader import DiskReader
@@ -100,10 +100,8 @@ def _node_range(segment: torch.nn.Module) -> tuple[list[str], list[str]]:
     nodes = [n for n in sub.graph.nodes if n.op not in ("placeholder", "output")]
     modules = []
     for n in nodes:
-        stack = n.meta.get("nn_module_stack") or {}
-        if stack:
-            # Dynamo's paths start at the frame's local (``L['self'].layers[3]``)
-            path = re.sub(r"^L\['[^']*'\]\.?", "", str(list(stack.values())[-1][0])) or "."
+        if n.meta.get("nn_module_stack"):
+            path = module_path(n) or "."
             if path not in modules:
                 modules.append(path)
     names = [_source_name(nodes[0]), _source_name(nodes[-1])] if nodes else []

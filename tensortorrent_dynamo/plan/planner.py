@@ -26,6 +26,7 @@ from ..profile import DeviceProfile, HostProfile
 from ..settings import Settings
 from . import cache as plan_cache
 from .decisions import Decisions
+from .refusal import named_refusal
 from .residency import Residency, residencies
 
 if TYPE_CHECKING:
@@ -561,14 +562,23 @@ def plan_graph(
                 source,
             )
     if native is None:
-        native = planner.plan(
-            whole,
-            native_devices,
-            split=chunked,
-            node_limit=settings.planner_node_limit,
-            time_limit_s=settings.planner_time_limit_s,
-            **_search_options(settings, host_compute),
-        )
+        try:
+            native = planner.plan(
+                whole,
+                native_devices,
+                split=chunked,
+                node_limit=settings.planner_node_limit,
+                time_limit_s=settings.planner_time_limit_s,
+                **_search_options(settings, host_compute),
+            )
+        except PlanInfeasible as exc:
+            raise named_refusal(
+                exc,
+                cost,
+                split.cost if split is not None else None,
+                [d.name for d in devices],
+                {d.name: d.budget_bytes for d in devices},
+            ) from None
         chose_split = native.split
         if entry:
             plan_cache.store(entry, Decisions.of(native, native.split))

@@ -24,12 +24,29 @@ pub(crate) fn to_py_err(py: Python<'_>, err: &PlanError) -> PyErr {
             PlanError::Infeasible {
                 message,
                 min_budgets,
+                peaks,
+                split,
             } => {
                 let budgets = PyDict::new(py);
                 for (name, bytes) in min_budgets {
                     budgets.set_item(name, bytes)?;
                 }
-                cls.call1((message, budgets))
+                // by index: the package names them (`plan.refusal`)
+                let peaks: Vec<_> = peaks
+                    .iter()
+                    .map(|p| {
+                        let live: Vec<_> = p
+                            .live
+                            .iter()
+                            .map(|&(held, index, bytes)| (held.as_str(), index, bytes))
+                            .collect();
+                        let reached = p.reached_by.map(|(held, index)| (held.as_str(), index));
+                        (p.device, p.bytes, p.resident.clone(), live, reached)
+                    })
+                    .collect();
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("native_peaks", (*split, peaks))?;
+                cls.call((message, budgets), Some(&kwargs))
             }
             other => cls.call1((other.message(),)),
         }

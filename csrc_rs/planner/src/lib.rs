@@ -54,7 +54,7 @@ mod simulate;
 
 pub use crate::{
     device::{validate_devices, Device},
-    error::PlanError,
+    error::{Held, PeakContents, PlanError},
     exhaustive::{exhaustive, Optimum},
     graph::{CostGraph, Tier},
     plan::{

@@ -186,9 +186,24 @@ fn the_disk_variants_error_is_returned() {
     let err = planner()
         .run_with_split(&allowed(model()), Some(&split), &tiny)
         .unwrap_err();
+    // the split graph's error, which says that the graph it names is the split one
+    let PlanError::Infeasible {
+        message,
+        min_budgets,
+        peaks,
+        split: false,
+    } = planner().run(&on_disk(split_model()), &tiny).unwrap_err()
+    else {
+        panic!("expected Infeasible");
+    };
     assert_eq!(
         err,
-        planner().run(&on_disk(split_model()), &tiny).unwrap_err()
+        PlanError::Infeasible {
+            message,
+            min_budgets,
+            peaks,
+            split: true
+        }
     );
 }
 

@@ -5,7 +5,7 @@ mod common;
 use std::time::Instant;
 
 use common::{accelerator, host, machine, mlp, replayed, single_stays, stays, Builder, KIB, MIB};
-use tensortorrent_planner::{plan, Device, Objective, Plan, PlanError, Planner};
+use tensortorrent_planner::{plan, Device, Held, Objective, Plan, PlanError, Planner};
 
 fn candidate<'a>(p: &'a Plan, name: &str) -> &'a tensortorrent_planner::Candidate {
     p.candidates
@@ -341,6 +341,8 @@ fn infeasible_reports_the_all_streamed_peak_which_then_works() {
     let PlanError::Infeasible {
         message,
         min_budgets,
+        peaks,
+        split,
     } = &err
     else {
         panic!("expected Infeasible, got {err:?}");
@@ -369,6 +371,28 @@ fn infeasible_reports_the_all_streamed_peak_which_then_works() {
     assert!(message.contains("allow host compute"), "{message}");
     assert!(message.contains("add a device"), "{message}");
     assert_eq!(err.to_string(), *message);
+    // at its peak the device holds the buffers of two layers' weights (one in
+    // use, the next prefetched) and activations, no resident weight
+    assert!(!split);
+    assert_eq!(peaks.len(), 1);
+    let peak = &peaks[0];
+    assert_eq!((peak.device, peak.bytes), (1, *needed));
+    assert!(peak.resident.is_empty(), "{peak:?}");
+    let weights: Vec<u64> = peak
+        .live
+        .iter()
+        .filter(|l| l.0 == Held::Weight)
+        .map(|l| l.2)
+        .collect();
+    assert_eq!(weights, vec![MIB, MIB], "{peak:?}");
+    let values: u64 = peak
+        .live
+        .iter()
+        .filter(|l| l.0 == Held::Value)
+        .map(|l| l.2)
+        .sum();
+    assert_eq!(2 * MIB + values, *needed, "{peak:?}");
+    assert!(peak.reached_by.is_some());
 
     let p = plan(&g, &machine(*needed), Objective::Latency, false).unwrap();
     assert!(p.peak_bytes[1] <= *needed);
@@ -385,6 +409,8 @@ fn infeasible_host_budget_is_reported() {
     let PlanError::Infeasible {
         message,
         min_budgets,
+        peaks,
+        ..
     } = err
     else {
         panic!("expected Infeasible");
@@ -396,6 +422,10 @@ fn infeasible_host_budget_is_reported() {
         "the host always holds every param"
     );
     assert!(message.contains("cpu needs at least 4.0"), "{message}");
+    // the host holds every weight for the whole run (their home is host memory)
+    assert_eq!(peaks.len(), 1);
+    assert_eq!(peaks[0].device, 0);
+    assert_eq!(peaks[0].resident, vec![0, 1, 2, 3]);
     assert!(!message.contains("allow host compute"), "{message}");
     let raised = vec![host(min_budgets[0].1), accelerator("virtual:0", 1 << 30)];
     plan(&g, &raised, Objective::Latency, true).unwrap();
@@ -408,6 +438,7 @@ fn no_accelerator_and_no_host_compute_is_infeasible() {
     let PlanError::Infeasible {
         message,
         min_budgets,
+        ..
     } = err
     else {
         panic!("expected Infeasible");
@@ -524,6 +555,7 @@ fn replaying_the_chosen_placement_gives_the_same_plan_without_search() {
     let Err(PlanError::Infeasible {
         message,
         min_budgets,
+        ..
     }) = too_big
     else {
         panic!("keeping every weight resident cannot fit: {too_big:?}");

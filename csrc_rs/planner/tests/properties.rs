@@ -4,8 +4,8 @@ mod common;
 
 use common::{stays, Builder, Rng, KIB};
 use tensortorrent_planner::{
-    exhaustive, Activity, CostGraph, Device, Objective, Plan, PlanError, Planner, Record, Resource,
-    Tier,
+    exhaustive, Activity, CostGraph, Device, Held, Objective, PeakContents, Plan, PlanError,
+    Planner, Record, Resource, Tier,
 };
 
 /// Enough search for these small graphs in a debug build.
@@ -358,6 +358,42 @@ fn check_timeline(g: &CostGraph, devices: &[Device], p: &Plan) {
     assert!(p.busy_fraction.len() >= devices.len());
 }
 
+/// A refusal's peaks: one per device it names, of the bytes it names, each
+/// its resident parameters' bytes plus what else is live, every live piece
+/// a parameter or node of the graph.
+fn check_peaks(
+    g: &CostGraph,
+    devices: &[Device],
+    min_budgets: &[(String, u64)],
+    peaks: &[PeakContents],
+    case: usize,
+) {
+    assert_eq!(peaks.len(), min_budgets.len(), "case {case}");
+    for (peak, (name, bytes)) in peaks.iter().zip(min_budgets) {
+        assert_eq!(&devices[peak.device as usize].name, name, "case {case}");
+        assert_eq!(peak.bytes, *bytes, "case {case}");
+        let resident: u64 = peak
+            .resident
+            .iter()
+            .map(|&q| g.param_bytes()[q as usize])
+            .sum();
+        let live: u64 = peak.live.iter().map(|&(_, _, b)| b).sum();
+        assert_eq!(resident + live, peak.bytes, "case {case}: {peak:?}");
+        for &(held, index, _) in &peak.live {
+            let limit = match held {
+                Held::Value => g.num_nodes(),
+                Held::Weight | Held::Staging => g.num_params(),
+            };
+            assert!((index as usize) < limit, "case {case}: {peak:?}");
+        }
+        assert_eq!(
+            peak.reached_by.is_none(),
+            peak.live.is_empty(),
+            "case {case}"
+        );
+    }
+}
+
 #[test]
 fn random_graphs_plan_within_budgets() {
     let mut rng = Rng::new(2024);
@@ -379,7 +415,10 @@ fn random_graphs_plan_within_budgets() {
             Err(PlanError::Infeasible {
                 message,
                 min_budgets,
+                peaks,
+                ..
             }) => {
+                check_peaks(&g, &devices, &min_budgets, &peaks, case);
                 if min_budgets.is_empty() {
                     assert!(
                         devices.len() == 1 && !host_compute,

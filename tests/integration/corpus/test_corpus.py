@@ -281,6 +281,48 @@ def test_entry_converted_after_compiling_matches_eager(
 
 # a decoder, an encoder-decoder, an encoder and a diffusion transformer at every budget (the
 # decoder on disk in the quick subset)
+REFUSED = quick_only(
+    entry_cases([BY_NAME[name] for name in ("llama", "t5", "bert", "flux")], ("third", "disk")),
+    {"llama-third", "t5-disk"},
+)
+
+
+@pytest.mark.parametrize(("entry", "budget"), REFUSED)
+def test_a_refusal_says_what_each_peak_holds(entry: Entry, budget: str, tmp_path: Path) -> None:
+    """At a twentieth of its weights' bytes (on the virtual device, or in RAM with the rest
+    on disk) the model is refused, and the refusal says what the device holds at its peak:
+    the model's own weights by name and the values live, named with the modules that made
+    them, adding up to the budget it asks for."""
+    model = entry.build()
+    if budget == "disk":
+        opts = disk_options(model, tmp_path)
+        device = "cpu"
+    else:
+        opts = options(budget, model)
+        device = DEVICE
+    opts["budgets"] = {device: param_bytes(model) // 20}
+    compiled = tt.compile(model, **opts)
+    with pytest.raises(tt.PlanInfeasible) as refused, torch.no_grad():
+        compiled(**entry.inputs(0))
+    error = refused.value
+    (peak,) = error.peaks
+    assert peak.device == device and peak.bytes == error.min_budgets[device]
+    weights = [*peak.resident, *peak.streamed, *peak.reading]
+    pieces = [*weights, *peak.activations]
+    assert sum(size for _, size in pieces) == peak.bytes
+    names = {name for name, _ in model.named_parameters()} | {
+        name for name, _ in model.named_buffers()
+    }
+    # a weight read in row chunks is named by its chunk: ``name[r0:r1]``
+    assert all(name.split("[", 1)[0] in names for name, _ in weights), weights
+    assert peak.activations, "a model's call makes values"
+    scopes = {name.split(" (", 1)[1][:-1] for name, _ in peak.activations if " (" in name}
+    assert scopes, peak.activations
+    modules = dict(model.named_modules())
+    assert all(scope in modules for scope in scopes), scopes
+    assert f"{device}'s peak of" in str(error)
+
+
 FOUR_FAMILIES = quick_only(
     entry_cases(
         [BY_NAME[name] for name in ("llama", "t5", "bert", "flux")], (*BUDGETS, "disk"), False

@@ -57,7 +57,7 @@ use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
 use crate::placement::{Placement, HOST};
-use crate::simulate::{check_depth, checked_placement, run};
+use crate::simulate::{check_depth, checked_placement, run, Workspace};
 use objective::{accelerator_peak, Goal, Score};
 use search::{Evaluated, Search, Trial};
 
@@ -219,7 +219,7 @@ impl Planner {
             Err(error) => error,
         };
         if !(host_short(&error, devices) && first.may_move_to_disk()) {
-            return Err(error);
+            return Err(of_split(error, first_split));
         }
         let variant = if first_split {
             first
@@ -227,7 +227,9 @@ impl Planner {
             split.unwrap_or(graph)
         }
         .moved_to_disk();
-        let mut plan = self.search(&variant, devices)?;
+        let mut plan = self
+            .search(&variant, devices)
+            .map_err(|e| of_split(e, split.is_some()))?;
         plan.split = split.is_some();
         Ok(plan)
     }
@@ -256,7 +258,7 @@ impl Planner {
             nodes_simulated: s.nodes_simulated,
         };
         let Some(best) = choose(&s.candidates, self.objective, self.memory_slack) else {
-            return Err(infeasible(&s.candidates, devices, self.host_compute));
+            return Err(infeasible(graph, &s.candidates, devices, self.host_compute));
         };
         Ok(self.finish(graph, devices, &s.candidates, best, report))
     }
@@ -315,6 +317,7 @@ impl Planner {
             // the placement was given: what it needs, not what a search might find
             let lead = format!("the replayed plan {name} does not fit the memory budgets");
             return Err(over_budget(
+                graph,
                 &lead,
                 replayed,
                 devices,
@@ -697,7 +700,30 @@ fn host_short(error: &PlanError, devices: &[Device]) -> bool {
         .any(|(name, bytes)| *name == host.name && *bytes > host.budget_bytes)
 }
 
-fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> PlanError {
+/// `error`, saying whether the graph it names by index was the split one.
+fn of_split(error: PlanError, of_split: bool) -> PlanError {
+    match error {
+        PlanError::Infeasible {
+            message,
+            min_budgets,
+            peaks,
+            ..
+        } => PlanError::Infeasible {
+            message,
+            min_budgets,
+            peaks,
+            split: of_split,
+        },
+        other => other,
+    }
+}
+
+fn infeasible(
+    g: &CostGraph,
+    cands: &[Evaluated],
+    devices: &[Device],
+    host_compute: bool,
+) -> PlanError {
     let mut fixes = Vec::new();
     // Only a candidate whose placement ignores the budgets is sure to come
     // back, and fit, once the budgets are raised to its peaks.
@@ -719,9 +745,12 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
                 fixes.join(" or ")
             ),
             min_budgets: Vec::new(),
+            peaks: Vec::new(),
+            split: false,
         };
     };
     over_budget(
+        g,
         &format!(
             "no candidate plan fits the memory budgets (closest: {})",
             lenient.name
@@ -733,9 +762,11 @@ fn infeasible(cands: &[Evaluated], devices: &[Device], host_compute: bool) -> Pl
     )
 }
 
-/// The error of `candidate` not fitting the budgets: `lead`, then each device
-/// it needs more of and how to fix it (`fixes` are offered first).
+/// The error of `candidate` (a placement of `g`) not fitting the budgets:
+/// `lead`, then each device it needs more of and how to fix it (`fixes` are
+/// offered first), with what those devices hold at their peaks.
 fn over_budget(
+    g: &CostGraph,
     lead: &str,
     candidate: &Evaluated,
     devices: &[Device],
@@ -766,9 +797,17 @@ fn over_budget(
         Some((last, rest)) if !rest.is_empty() => format!("{}, or {last}", rest.join(", ")),
         _ => fixes.join(""),
     };
+    let trial = &candidate.trial;
+    let peaks = Workspace::default()
+        .peak_contents(g, devices, &trial.placement, &trial.seg)
+        .into_iter()
+        .filter(|p| p.bytes > devices[p.device as usize].budget_bytes)
+        .collect();
     PlanError::Infeasible {
         message: format!("{lead}: {}. To fix it, {fix}.", needs.join("; ")),
         min_budgets,
+        peaks,
+        split: false,
     }
 }
 

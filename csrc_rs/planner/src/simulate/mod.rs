@@ -44,12 +44,13 @@
 //! Memory events are ordered by time, then by the order in which the
 //! simulation produced them (which follows causality for equal times).
 
+mod peak;
 mod timeline;
 
 pub use timeline::{Activity, Record, Resource};
 
 use crate::device::{validate_devices, Device};
-use crate::error::PlanError;
+use crate::error::{Held, PlanError};
 use crate::graph::{CostGraph, Tier};
 use crate::placement::{segment, streams_to, Placement, Segmentation, HOST};
 
@@ -218,13 +219,22 @@ struct Event {
     time_bits: u64,
     seq: u64,
     bytes: u64,
+    /// What the bytes hold: the parameter or node `index` names.
+    index: u32,
+    held: Held,
     alloc: bool,
 }
+
+// what an event holds fits in the padding its flag left: a plan's simulations sort
+// millions of them
+const _: () = assert!(std::mem::size_of::<Event>() == 32);
 
 /// One copy of a value on one device.
 #[derive(Debug, Clone, Copy)]
 struct Instance {
     device: u32,
+    /// The node whose value it is.
+    node: u32,
     bytes: u64,
     ready: f64,
     /// Releases still to come: one per consumer in the producing segment,
@@ -270,7 +280,7 @@ struct Memory {
 }
 
 impl Memory {
-    fn push(&mut self, device: u32, time: f64, bytes: u64, alloc: bool) {
+    fn push(&mut self, device: u32, time: f64, bytes: u64, alloc: bool, held: Held, index: u32) {
         debug_assert!(time >= 0.0, "times are never negative or NaN");
         // Adding 0.0 folds -0.0 into +0.0 so bit order matches numeric order.
         let time_bits = (time + 0.0).to_bits();
@@ -278,6 +288,8 @@ impl Memory {
             time_bits,
             seq: self.seq,
             bytes,
+            index,
+            held,
             alloc,
         });
         self.seq += 1;
@@ -285,7 +297,8 @@ impl Memory {
 
     fn release(&mut self, inst: &Instance, at: f64) {
         if !inst.keep {
-            self.push(inst.device, at.max(inst.floor), inst.bytes, false);
+            let at = at.max(inst.floor);
+            self.push(inst.device, at, inst.bytes, false, Held::Value, inst.node);
         }
     }
 
@@ -530,7 +543,7 @@ fn issue_prefetches(
         let span = seg.spans[k as usize];
         let (q, d) = (span.param, span.device);
         let bytes = bytes_of[q as usize];
-        mem.push(d, at, bytes, true);
+        mem.push(d, at, bytes, true, Held::Weight, q);
         let mut ready = at;
         if home[q as usize] == Tier::Disk && host.reads_inline(bytes as f64) {
             // The calling thread reads it when issuing it (before the segment that
@@ -544,7 +557,7 @@ fn issue_prefetches(
             at = end;
             ready = end;
             if d != HOST {
-                mem.push(HOST, start, bytes, true);
+                mem.push(HOST, start, bytes, true, Held::Staging, q);
             }
         } else if home[q as usize] == Tier::Disk {
             // A read queued behind another hides its fixed cost behind that one's
@@ -574,14 +587,14 @@ fn issue_prefetches(
             ready = end;
             if d != HOST {
                 // A host staging buffer until the copy on is done.
-                mem.push(HOST, start, bytes, true);
+                mem.push(HOST, start, bytes, true, Held::Staging, q);
             }
         }
         if d != HOST {
             let copy = bytes as f64 / devices[d as usize].h2d_bytes_per_s;
             let (_, end) = queues.run(Resource::HostToDevice(d), ready, copy, Activity::Param, q);
             if home[q as usize] == Tier::Disk {
-                mem.push(HOST, end, bytes, false);
+                mem.push(HOST, end, bytes, false, Held::Staging, q);
             }
             ready = end;
         }
@@ -848,7 +861,9 @@ impl Workspace {
             self.issue_reloads(inp, clock, su, dev);
         }
         let start = self.node_start(inp, clock, x, first_of_segment);
-        clock.mem.push(dev, start, own_bytes(g, pl, x), true);
+        clock
+            .mem
+            .push(dev, start, own_bytes(g, pl, x), true, Held::Value, x as u32);
         let device = &devices[dev as usize];
         let seconds = device.node_time(
             g.node_flops()[x],
@@ -902,7 +917,9 @@ impl Workspace {
             let instances = &mut self.instances;
             let (bytes, on_host) = (instances[host].bytes, instances[host].ready);
             let copy = bytes as f64 / devices[spill.device as usize].h2d_bytes_per_s;
-            clock.mem.push(spill.device, at, bytes, true);
+            clock
+                .mem
+                .push(spill.device, at, bytes, true, Held::Value, spill.node);
             let (_, end) = clock.queues.run(
                 Resource::HostToDevice(spill.device),
                 at.max(on_host),
@@ -1040,6 +1057,7 @@ impl Workspace {
         };
         self.instances.push(Instance {
             device: dev,
+            node: x as u32,
             bytes: own_bytes(g, pl, x),
             ready: finish,
             remaining,
@@ -1070,13 +1088,14 @@ impl Workspace {
                 activity,
                 x as u32,
             );
-            clock.mem.push(HOST, cs, out, true);
+            clock.mem.push(HOST, cs, out, true, Held::Value, x as u32);
             self.instances[lo].floor = self.instances[lo].floor.max(ce);
             host_copy = Some(self.instances.len());
             // a spilled value's host copy is freed by its reload
             let remaining = if spilled { 1 } else { self.releases(HOST) };
             self.instances.push(Instance {
                 device: HOST,
+                node: x as u32,
                 bytes: out,
                 ready: ce,
                 remaining,
@@ -1095,6 +1114,7 @@ impl Workspace {
             let floor = self.instances[host].floor;
             self.instances.push(Instance {
                 device: dev,
+                node: x as u32,
                 bytes: out,
                 ready: f64::INFINITY,
                 remaining,
@@ -1128,11 +1148,12 @@ impl Workspace {
                 Activity::Value,
                 x as u32,
             );
-            clock.mem.push(cd, cs, out, true);
+            clock.mem.push(cd, cs, out, true, Held::Value, x as u32);
             self.instances[src].floor = self.instances[src].floor.max(ce);
             let remaining = self.releases(cd);
             self.instances.push(Instance {
                 device: cd,
+                node: x as u32,
                 bytes: out,
                 ready: ce,
                 remaining,
@@ -1192,7 +1213,9 @@ impl Workspace {
         for &k in group(&self.evict_offsets, &self.evict_ids, su) {
             let span = seg.spans[k as usize];
             let bytes = bytes_of[span.param as usize];
-            clock.mem.push(span.device, finish, bytes, false);
+            clock
+                .mem
+                .push(span.device, finish, bytes, false, Held::Weight, span.param);
         }
     }
 
@@ -1218,7 +1241,7 @@ impl Workspace {
                     Activity::Output,
                     x as u32,
                 );
-                clock.mem.push(HOST, cs, out, true);
+                clock.mem.push(HOST, cs, out, true, Held::Value, x as u32);
                 ce = end;
             }
             if home != HOST {
@@ -1230,7 +1253,7 @@ impl Workspace {
                     Activity::Output,
                     x as u32,
                 );
-                clock.mem.push(home, cs, out, true);
+                clock.mem.push(home, cs, out, true, Held::Value, x as u32);
                 ce = end;
             }
             clock.last_output = clock.last_output.max(ce);

@@ -1,0 +1,74 @@
+"""A refusal says what each device it needs more of holds at its peak: the weights kept
+and streamed, the values live, by name, and the one piece no plan can make smaller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import expecttest
+import pytest
+import torch
+
+import tensortorrent as tt
+from tests.models import mlp
+
+VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
+
+
+def _options(budget: str) -> dict[str, Any]:
+    return {
+        "budgets": {"virtual:0": budget, "cpu": "16GiB"},
+        "virtual_devices": VIRTUAL,
+        "devices": ["virtual:0"],
+        "compiler": "eager",
+    }
+
+
+def _refusal(batch: int, budget: str) -> tt.PlanInfeasible:
+    torch._dynamo.reset()
+    model = mlp(64, 3)
+    with pytest.raises(tt.PlanInfeasible) as caught:
+        tt.compile(model, example_inputs=(torch.randn(batch, 64),), **_options(budget))
+    return caught.value
+
+
+def _param_bytes() -> dict[str, int]:
+    return {n: p.numel() * p.element_size() for n, p in mlp(64, 3).named_parameters()}
+
+
+class TestRefusal(expecttest.TestCase):
+    def test_weights_streamed_whole_say_so(self) -> None:
+        error = _refusal(4, "1KiB")
+        self.assertExpectedInline(
+            str(error),
+            """no candidate plan fits the memory budgets (closest: all-on-virtual:0/streamed): virtual:0 needs at least 35.50 KiB (budget is 1.00 KiB). To fix it, raise the budget of virtual:0, allow host compute, or add a device. virtual:0's peak of 35.50 KiB comes when relu (1) allocates its output; it then holds 32.50 KiB of streamed weights (0.weight 16.00 KiB, 2.weight 16.00 KiB, 0.bias 256 B, 1 more 256 B); 3.00 KiB of activations (input arg2_1 1.00 KiB, addmm (0) 1.00 KiB, relu (1) 1.00 KiB). 0.weight alone (16.00 KiB) is more than the budget of virtual:0 (1.00 KiB): a weight is copied to a device whole.""",  # noqa: E501
+        )
+
+    def test_a_large_batch_says_its_values(self) -> None:
+        error = _refusal(512, "60KiB")
+        (peak,) = error.peaks
+        assert [name for name, _ in peak.activations] == ["input arg2_1", "addmm (0)", "relu (1)"]
+        assert all(size == 512 * 64 * 4 for _, size in peak.activations)
+        assert str(error).endswith(
+            "input arg2_1 alone (128.00 KiB) is more than the budget of virtual:0 (60.00 KiB): "
+            "a value is made whole (a smaller batch or input makes it smaller)."
+        )
+
+
+def test_the_peak_is_the_need_and_its_pieces_add_up_to_it() -> None:
+    error = _refusal(4, "1KiB")
+    (peak,) = error.peaks
+    assert peak.device == "virtual:0"
+    assert peak.bytes == error.min_budgets["virtual:0"]
+    pieces = [*peak.resident, *peak.streamed, *peak.reading, *peak.activations]
+    assert sum(size for _, size in pieces) == peak.bytes
+    weights = _param_bytes()
+    assert not peak.resident, "nothing fits: every weight streams"
+    assert all(weights[name] == size for name, size in peak.streamed)
+    assert peak.reached_by == "relu (1) allocates its output"
+
+
+def test_a_budget_between_no_piece_is_too_large_alone() -> None:
+    # larger than every weight and value, smaller than what two layers need at once
+    error = _refusal(4, "20KiB")
+    assert error.peaks and "alone" not in str(error)
