@@ -333,6 +333,10 @@ def test_a_graph_that_does_not_fit_at_all_says_what_the_others_need() -> None:
         tt.compile(model, (x,), devices=["virtual:0"], **_options(weight // 2))
     (needed,) = caught.value.min_budgets.values()
     assert needed > weight
+    # what the device holds at the peak of the graph refused: its weight, streamed whole
+    (peak,) = caught.value.peaks
+    assert peak.device == "virtual:0" and peak.streamed == (("first.weight", weight),)
+    assert "first.weight alone" in str(caught.value)
     torch._dynamo.reset()
     compiled = tt.compile(model, (x,), devices=["virtual:0"], **_options(needed))
     with torch.no_grad():
