@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -199,6 +200,12 @@ def outcome(
         read()
     except allowed as exc:
         result = type(exc).__name__
+    except BaseException as exc:
+        # said where pytest shows it (past ``quiet()``): when hypothesis cannot replay the
+        # failing example (for ``tt.load`` it has ended in ``FlakyStrategyDefinition``),
+        # this is the failure
+        print(f"unexpected {type(exc).__name__}: {exc}", file=sys.__stderr__)
+        raise
     else:
         result = "read"
     event(result)
