@@ -28,6 +28,9 @@ __all__ = [
 # engines) or "disk-><host>"; ``kind`` is "node", "param", "value" or "output";
 # ``index`` is the node (or, for "param", the parameter).
 _TimelineRecord: TypeAlias = tuple[str, str, int, float, float]
+_PeakTuple: TypeAlias = tuple[
+    int, int, list[int], list[tuple[str, int, int]], tuple[str, int] | None
+]
 
 @final
 class CostGraph:
@@ -317,6 +320,13 @@ class Plan:
     @property
     def peak_bytes(self) -> tuple[int, ...]:
         """Simulated peak memory per device, in bytes."""
+    @property
+    def peaks(self) -> list[_PeakTuple]:
+        """What each device holds at its peak, in device order, by index:
+        ``(device, bytes, resident, live, reached_by)``; each piece of ``live`` is
+        ``(what, index, bytes)`` and ``reached_by`` ``(what, index)`` or ``None``, with
+        ``what`` one of ``"weight"`` and ``"staging"`` (by parameter) and ``"value"`` (by
+        node)."""
     @property
     def lower_bound_s(self) -> float:
         """The busiest resource's seconds of work (no schedule is faster)."""

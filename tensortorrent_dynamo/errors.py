@@ -25,8 +25,8 @@ class BudgetParseError(OptionsError):
 
 @dataclasses.dataclass(frozen=True)
 class PeakUse:
-    """What a device holds at its peak in the plan a refusal measured (the plan closest to
-    fitting): ``bytes`` in all, of which the weights it holds for the whole run
+    """What a device holds at its peak in a plan (``GraphPlan.peaks``; for a refusal, the
+    plan closest to fitting): ``bytes`` in all, of which the weights it holds for the whole run
     (``resident``: kept on an accelerator, or in host memory), the buffers of streamed
     weights (``streamed``), host buffers that weights read from disk land in before they
     are copied on (``reading``), and activations (``activations``: each named by its node
@@ -48,7 +48,7 @@ class PlanInfeasible(TensorTorrentError):
     ``min_budgets`` maps each device whose budget is too small to the smallest
     budget in bytes with which a plan would exist; ``peaks`` says what each of those
     devices holds at its peak (:class:`PeakUse`). ``native_peaks`` is the planner's own
-    form of the peaks, by index (``plan.refusal`` names them).
+    form of the peaks, by index (``plan.peaks`` names them).
     """
 
     def __init__(

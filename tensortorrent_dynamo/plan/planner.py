@@ -8,6 +8,7 @@ objective) and names its answer; the decisions themselves are made in Rust
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -19,14 +20,14 @@ import psutil
 
 from .._native import native_planner
 from ..cost_graph import CostGraph, RateKey, is_attention
-from ..errors import InvalidPlacement, PlanInfeasible
+from ..errors import InvalidPlacement, PeakUse, PlanInfeasible
 from ..io.pool import read_buffer_bytes
 from ..io.reader import INLINE_READ_BYTES
 from ..profile import DeviceProfile, HostProfile
 from ..settings import Settings
 from . import cache as plan_cache
 from .decisions import Decisions
-from .refusal import named_refusal
+from .peaks import named_peaks, named_refusal
 from .residency import Residency, residencies
 
 if TYPE_CHECKING:
@@ -278,6 +279,11 @@ class GraphPlan:
     @property
     def plan_hash(self) -> str:
         return self.native.plan_hash
+
+    @functools.cached_property
+    def peaks(self) -> tuple[PeakUse, ...]:
+        """What each device holds at its peak, by name, in device order."""
+        return named_peaks(self.cost, [d.name for d in self.devices], self.native.peaks)
 
     @property
     def predicted_time_s(self) -> float:

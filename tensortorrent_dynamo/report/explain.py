@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..io.reader import INLINE_READ_BYTES
+from ..plan.peaks import say_peak
 from ..plan.planner import (
     RATE_DTYPES,
     GraphPlan,
@@ -295,6 +296,17 @@ def _explain_disk(graph: CompiledGraph) -> list[str]:
     return lines
 
 
+def _explain_peaks(graph: CompiledGraph) -> list[str]:
+    """What each device with a budget holds at its predicted peak (the host's only where
+    its memory is budgeted: else it holds every weight whose home is host memory)."""
+    budgeted = graph.settings.budgets
+    return [
+        f"  {say_peak(peak)}"
+        for peak in graph.plan.peaks
+        if peak.bytes and (peak.device != "cpu" or "cpu" in budgeted)
+    ]
+
+
 def _explain_runtime_work(graph: CompiledGraph) -> list[str]:
     """What the runtime's own work between the segments was costed at on the calling
     thread: the rewritten graph's segment calls, resident lookups and streamed weights."""
@@ -561,6 +573,7 @@ def explain_graph(graph: CompiledGraph) -> str:
         lines.append(f"  streamed parameters ({len(streamed_names)}, {when}, {evicted}): {shown}")
     else:
         lines.append("  streamed parameters: none")
+    lines += _explain_peaks(graph)
     lines += _explain_state(graph)
     if graph.settings.objective == "throughput":
         lines += _explain_throughput(graph)

@@ -61,6 +61,8 @@ Graph 0: 10 nodes, 6 parameters (12.38 KiB), 24.58 kFLOP, plan a90eb4aa9f9b2446
   submod_2  virtual:0  eager     3      8.19 kFLOP  4.00 KiB         128 B     0 B        <time>
   submod_3  virtual:0  eager     3      8.19 kFLOP  128 B            4.00 KiB  0 B        <time>
   streamed parameters (3, prefetched one segment ahead, evicted after last use): 0.weight, 2.bias, 4.weight
+  cpu's peak of 12.88 KiB comes when input arg2_1 is passed in; it then holds 12.38 KiB of weights in host memory (0.weight 4.00 KiB, 2.weight 4.00 KiB, 4.weight 4.00 KiB, 3 more 384 B); 512 B of activations (input arg2_1 512 B).
+  virtual:0's peak of 9.88 KiB comes when relu (1) allocates its output; it then holds 4.25 KiB of weights kept there (2.weight 4.00 KiB, 0.bias 128 B, 4.bias 128 B); 4.12 KiB of streamed weights (0.weight 4.00 KiB, 2.bias 128 B); 1.50 KiB of activations (input arg2_1 512 B, addmm (0) 512 B, relu (1) 512 B).
   predicted time: 9.3 us, measured (last call): <time>
 
 Predicted time per forward: 9.3 us""",

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyTuple};
 use tensortorrent_planner::{Candidate, Device, Objective, Plan, PlanError, Planner};
 
 use crate::device::PyDevice;
-use crate::error::to_py_err;
+use crate::error::{peak_tuples, to_py_err, PeakTuple};
 use crate::graph::PyCostGraph;
 use crate::simulate::{ordered_dict, timeline_tuples, RecordTuple};
 
@@ -267,6 +267,14 @@ impl PyPlan {
     #[getter]
     fn peak_bytes(&self, py: Python<'_>) -> Py<PyTuple> {
         self.tuples.peak_bytes.clone_ref(py)
+    }
+
+    /// What each device holds at its peak, in device order, by index:
+    /// `(device, bytes, resident, live, reached_by)` (see `peaks` of
+    /// `PlanInfeasible`).
+    #[getter]
+    fn peaks(&self) -> Vec<PeakTuple> {
+        peak_tuples(&self.inner.peaks)
     }
 
     /// The busiest resource's seconds of work (no schedule is faster).

@@ -127,6 +127,13 @@ fn random_devices(rng: &mut Rng) -> Vec<Device> {
 }
 
 fn check(g: &CostGraph, devices: &[Device], objective: Objective, host_compute: bool, p: &Plan) {
+    // a plan says what each device holds at its peak, as a refusal does
+    let named: Vec<(String, u64)> = devices
+        .iter()
+        .zip(&p.peak_bytes)
+        .map(|(d, &b)| (d.name.clone(), b))
+        .collect();
+    check_peaks(g, devices, &named, &p.peaks, 0);
     let n = g.num_nodes();
     assert_eq!(p.node_device.len(), n);
     assert_eq!(p.node_segment.len(), n);

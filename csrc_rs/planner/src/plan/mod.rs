@@ -57,7 +57,7 @@ use crate::error::PlanError;
 use crate::graph::CostGraph;
 use crate::hash::Fnv1a64;
 use crate::placement::{Placement, HOST};
-use crate::simulate::{check_depth, checked_placement, run, Workspace};
+use crate::simulate::{check_depth, checked_placement, Workspace};
 use objective::{accelerator_peak, Goal, Score};
 use search::{Evaluated, Search, Trial};
 
@@ -392,7 +392,7 @@ impl Planner {
         let inputs = self.hash_inputs(g, devices);
         let pl = &c.trial.placement;
         let seg = &c.trial.seg;
-        let sim = run(g, devices, pl, seg, true);
+        let (sim, peaks) = Workspace::default().run_with_peaks(g, devices, pl, seg, true);
 
         let p = g.num_params();
         let mut param_device = vec![HOST; p];
@@ -440,6 +440,7 @@ impl Planner {
             prefetch_window_bytes: c.trial.window,
             predicted_time_s: sim.predicted_time_s,
             peak_bytes: sim.peak_bytes.clone(),
+            peaks,
             lower_bound_s: sim.lower_bound_s,
             busy_fraction,
             candidates: cands
@@ -798,8 +799,9 @@ fn over_budget(
         _ => fixes.join(""),
     };
     let trial = &candidate.trial;
-    let peaks = Workspace::default()
-        .peak_contents(g, devices, &trial.placement, &trial.seg)
+    let (_, peaks) =
+        Workspace::default().run_with_peaks(g, devices, &trial.placement, &trial.seg, false);
+    let peaks = peaks
         .into_iter()
         .filter(|p| p.bytes > devices[p.device as usize].budget_bytes)
         .collect();

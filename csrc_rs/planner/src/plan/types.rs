@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::error::PeakContents;
 use crate::graph::Tier;
 use crate::plan::report::Report;
 use crate::simulate::Record;
@@ -136,6 +137,8 @@ pub struct Plan {
     pub predicted_time_s: f64,
     /// Simulated peak memory per device, in bytes.
     pub peak_bytes: Vec<u64>,
+    /// What each device holds at its peak, in device order.
+    pub peaks: Vec<PeakContents>,
     /// The busiest resource's seconds of work: no schedule of this plan's
     /// work is faster.
     pub lower_bound_s: f64,

@@ -3,22 +3,24 @@
 
 use std::collections::HashMap;
 
-use super::{Event, Workspace};
+use super::{Event, Simulation, Workspace};
 use crate::device::Device;
 use crate::error::{Held, PeakContents};
 use crate::graph::{CostGraph, Tier};
 use crate::placement::{Placement, Segmentation, HOST};
 
 impl Workspace {
-    /// Simulates the placement again and reports each device's peak.
-    pub(crate) fn peak_contents(
+    /// Simulates the placement (recording the timeline when `record`) and
+    /// reports each device's peak and what makes it.
+    pub(crate) fn run_with_peaks(
         &mut self,
         g: &CostGraph,
         devices: &[Device],
         pl: &Placement,
         seg: &Segmentation,
-    ) -> Vec<PeakContents> {
-        let sim = self.run(g, devices, pl, seg, false);
+        record: bool,
+    ) -> (Simulation, Vec<PeakContents>) {
+        let sim = self.run(g, devices, pl, seg, record);
         // `run` leaves each device's events sorted in the order its peak was found in
         let contents: Vec<PeakContents> = self
             .events
@@ -34,7 +36,7 @@ impl Workspace {
             .iter()
             .zip(&sim.peak_bytes)
             .all(|(c, &peak)| c.bytes == peak));
-        contents
+        (sim, contents)
     }
 }
 

@@ -1,6 +1,7 @@
-"""What a refusal says a device holds at its peak: the planner's peaks, given by index,
-named with the graph's weights and nodes (:class:`~tensortorrent_dynamo.errors.PeakUse`),
-and said in the message, so that the user sees what makes the need and what to change."""
+"""What a device holds at its peak: the planner's peaks, given by index, named with the
+graph's weights and nodes (:class:`~tensortorrent_dynamo.errors.PeakUse`) and said in
+words, for a plan's ``explain()`` and for a refusal's message, where the user sees what
+makes the need and what to change."""
 
 from __future__ import annotations
 
@@ -30,9 +31,17 @@ def named_refusal(
         return error
     of_split, raw = error.native_peaks
     graph = split if of_split and split is not None else whole
-    peaks = tuple(_peak(graph, devices, p) for p in raw)
-    said = " ".join(_say(p, budgets.get(p.device)) for p in peaks)
+    peaks = named_peaks(graph, devices, raw)
+    said = " ".join(say_peak(p, budgets.get(p.device)) for p in peaks)
     return PlanInfeasible(f"{error} {said}" if said else str(error), error.min_budgets, peaks)
+
+
+def named_peaks(
+    graph: CostGraph, devices: Sequence[str], raw: Sequence[Any]
+) -> tuple[PeakUse, ...]:
+    """The planner's peaks of a plan of ``graph`` (``Plan.peaks``, or a refusal's), named;
+    ``devices`` are the planner's devices by index."""
+    return tuple(_peak(graph, devices, p) for p in raw)
 
 
 def _peak(graph: CostGraph, devices: Sequence[str], raw: Any) -> PeakUse:
@@ -43,6 +52,8 @@ def _peak(graph: CostGraph, devices: Sequence[str], raw: Any) -> PeakUse:
         return tuple((params[i].fqn, b) for k, i, b in live if k == kind)
 
     def what(kind: str, index: int) -> str:
+        if kind == "value" and graph.nodes[index].is_graph_input:
+            return f"{_node(graph, index)} is passed in"
         if kind == "value":
             return f"{_node(graph, index)} allocates its output"
         if kind == "weight":
@@ -83,8 +94,8 @@ def _listed(what: str, pieces: Sequence[tuple[str, int]]) -> str:
     return f"{format_bytes(total)} of {what} ({', '.join(shown)})"
 
 
-def _say(peak: PeakUse, budget: int | None) -> str:
-    """One device's peak in words, and the piece that alone is more than its budget."""
+def say_peak(peak: PeakUse, budget: int | None = None) -> str:
+    """One device's peak in words, and, given its budget, the piece that alone is more."""
     parts = []
     if peak.resident:
         kept = "weights in host memory" if peak.device == "cpu" else "weights kept there"

@@ -1,5 +1,6 @@
-"""A refusal says what each device it needs more of holds at its peak: the weights kept
-and streamed, the values live, by name, and the one piece no plan can make smaller."""
+"""What a device holds at its peak, by name: a refusal says it for each device it needs more
+of (the weights kept and streamed, the values live, and the one piece no plan can make
+smaller), and a plan for each of its devices."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.units import format_bytes
 from tests.models import mlp
 
 VIRTUAL = {"virtual:0": {"flops": "2T", "bandwidth": "16GB", "latency": 1e-6}}
@@ -72,3 +74,22 @@ def test_a_budget_between_no_piece_is_too_large_alone() -> None:
     # larger than every weight and value, smaller than what two layers need at once
     error = _refusal(4, "20KiB")
     assert error.peaks and "alone" not in str(error)
+
+
+def test_a_plan_says_what_its_peaks_hold() -> None:
+    torch._dynamo.reset()
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **_options("40KiB"))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = compiled.graphs
+    plan = graph.plan
+    weights = _param_bytes()
+    for peak, predicted in zip(plan.peaks, plan.native.peak_bytes, strict=True):
+        assert peak.bytes == predicted
+        pieces = [*peak.resident, *peak.streamed, *peak.reading, *peak.activations]
+        assert sum(size for _, size in pieces) == peak.bytes
+        assert all(weights[name] == size for name, size in [*peak.resident, *peak.streamed])
+    (virtual,) = [p for p in plan.peaks if p.device == "virtual:0"]
+    assert virtual.streamed, "40 KiB holds two of the three layers: some weight streams"
+    assert f"virtual:0's peak of {format_bytes(virtual.bytes)}" in compiled.explain()
