@@ -1,8 +1,6 @@
 //! What a device holds at its peak: what a refusal names so that the user
 //! knows what to change.
 
-use std::collections::HashMap;
-
 use super::{Event, Simulation, Workspace};
 use crate::device::Device;
 use crate::error::{Held, PeakContents};
@@ -29,7 +27,8 @@ impl Workspace {
             .enumerate()
             .map(|(d, (events, &base))| {
                 let device = d as u32;
-                contents(device, events, base, resident(g, pl, device))
+                let sizes = (g.num_nodes(), g.num_params());
+                contents(device, events, base, resident(g, pl, device), sizes)
             })
             .collect();
         debug_assert!(contents
@@ -57,8 +56,14 @@ fn resident(g: &CostGraph, pl: &Placement, device: u32) -> Vec<u32> {
 }
 
 /// The peak of `events` (sorted as the peak was found) over `base`, and
-/// what is live then.
-fn contents(device: u32, events: &[Event], base: u128, resident: Vec<u32>) -> PeakContents {
+/// what is live then, for a graph of `nodes` nodes and `params` parameters.
+fn contents(
+    device: u32,
+    events: &[Event],
+    base: u128,
+    resident: Vec<u32>,
+    (nodes, params): (usize, usize),
+) -> PeakContents {
     let (mut live, mut peak, mut at) = (base, base, None);
     for (i, e) in events.iter().enumerate() {
         if e.alloc {
@@ -71,17 +76,33 @@ fn contents(device: u32, events: &[Event], base: u128, resident: Vec<u32>) -> Pe
             live = live.saturating_sub(u128::from(e.bytes));
         }
     }
-    let mut held: HashMap<(Held, u32), i128> = HashMap::new();
+    // the bytes each value, streamed weight and staging buffer holds then
+    // (indexed by slot: nodes, then weights, then staging buffers)
+    let slot = |held: Held, index: u32| match held {
+        Held::Value => index as usize,
+        Held::Weight => nodes + index as usize,
+        Held::Staging => nodes + params + index as usize,
+    };
+    let mut held = vec![0i128; nodes + 2 * params];
     for e in &events[..at.map_or(0, |i| i + 1)] {
         let bytes = i128::from(e.bytes);
-        *held.entry((e.held, e.index)).or_default() += if e.alloc { bytes } else { -bytes };
+        held[slot(e.held, e.index)] += if e.alloc { bytes } else { -bytes };
     }
+    let what = |k: usize| match k {
+        k if k < nodes => (Held::Value, k as u32),
+        k if k < nodes + params => (Held::Weight, (k - nodes) as u32),
+        k => (Held::Staging, (k - nodes - params) as u32),
+    };
     let mut live: Vec<(Held, u32, u64)> = held
-        .into_iter()
-        .filter(|&(_, bytes)| bytes > 0)
-        .map(|((what, index), bytes)| (what, index, u64::try_from(bytes).unwrap_or(u64::MAX)))
+        .iter()
+        .enumerate()
+        .filter(|&(_, &bytes)| bytes > 0)
+        .map(|(k, &bytes)| {
+            let (w, index) = what(k);
+            (w, index, u64::try_from(bytes).unwrap_or(u64::MAX))
+        })
         .collect();
-    live.sort_unstable_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
+    live.sort_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
     PeakContents {
         device,
         bytes: u64::try_from(peak).unwrap_or(u64::MAX),
