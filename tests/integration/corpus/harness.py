@@ -124,7 +124,9 @@ def summarize(graphs: list[Any]) -> PlanSummary:
 
 def check_plans(graphs: list[Any], budget: str) -> None:
     """At no budget nothing streams; at a third some parameter must stream; either way
-    some of the model runs on the virtual device."""
+    some of the model runs on the virtual device. What each plan says the virtual device
+    holds at its peak adds up to its predicted peak, streamed weights among it only where
+    some stream."""
     summary = summarize(graphs)
     assert summary.graphs > 0, "the backend planned no graph"
     assert summary.on_device, f"nothing ran on {DEVICE}: {summary}"
@@ -132,6 +134,12 @@ def check_plans(graphs: list[Any], budget: str) -> None:
         assert summary.streamed == 0, f"a roomy device should stream nothing: {summary}"
     else:
         assert summary.streamed > 0, f"a third of the parameters' bytes must stream: {summary}"
+    for graph in graphs:
+        plan = graph.plan
+        (peak,) = [p for p in plan.peaks if p.device == DEVICE]
+        pieces = [*peak.resident, *peak.streamed, *peak.reading, *peak.activations]
+        assert sum(size for _, size in pieces) == peak.bytes == plan.predicted_peak(DEVICE)
+        assert not peak.streamed or any(r.streams for r in plan.residency)
 
 
 def peak(compiled: tt.CompiledModule) -> int:
