@@ -212,6 +212,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
     """Summarise a saved cost graph and plan it offline with the given budgets."""
     from .cost_graph import CostGraph
     from .errors import TensorTorrentError
+    from .plan.peaks import say_peak
     from .plan.planner import plan_graph
     from .profile import host_profile
     from .settings import parse_options
@@ -236,11 +237,13 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
         return 1
     predicted = format_seconds(plan.predicted_time_s)
     print(f"plan {plan.plan_hash}: {plan.native.chosen}, predicted {predicted}")
-    for device in plan.devices:
+    for device, peak in zip(plan.devices, plan.peaks, strict=True):
         print(
             f"  {device.name:<10} budget {format_bytes(device.budget_bytes):>12}  "
             f"predicted peak {format_bytes(plan.predicted_peak(device.name)):>12}"
         )
+        if peak.bytes and device.name in settings.budgets:
+            print(f"    {say_peak(peak)}")
     streamed = sum(r.streams for r in plan.residency)
     print(f"  {streamed} of {len(graph.params)} parameters streamed")
     return 0

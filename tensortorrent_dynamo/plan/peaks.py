@@ -101,7 +101,9 @@ def say_peak(peak: PeakUse, budget: int | None = None) -> str:
         kept = "weights in host memory" if peak.device == "cpu" else "weights kept there"
         parts.append(_listed(kept, peak.resident))
     if peak.streamed:
-        parts.append(_listed("streamed weights", peak.streamed))
+        # on the host, a streamed weight is one read from disk for the host's own use
+        streamed = "weights read from disk" if peak.device == "cpu" else "streamed weights"
+        parts.append(_listed(streamed, peak.streamed))
     if peak.reading:
         parts.append(_listed("weights read from disk for a copy on", peak.reading))
     if peak.activations:

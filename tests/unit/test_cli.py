@@ -75,6 +75,7 @@ def test_cost_graph_plans_offline(tmp_path: object) -> None:
     assert ok.returncode == 0, ok.stderr
     assert "13 nodes, 8 parameters" in ok.stdout  # the functional graph: t, addmm, relu
     assert "virtual:0" in ok.stdout and "predicted" in ok.stdout
+    assert "cpu's peak of" in ok.stdout, ok.stdout  # and what makes it (cpu is budgeted)
     bad = subprocess.run([*args, "--budget", "virtual:0=lots"], capture_output=True, text=True)
     assert bad.returncode == 1
     assert "cannot parse 'lots'" in bad.stderr
