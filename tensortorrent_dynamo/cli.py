@@ -240,7 +240,7 @@ def cost_graph(path: Path, budgets: Sequence[str], objective: str, profile: str)
     for device, peak in zip(plan.devices, plan.peaks, strict=True):
         print(
             f"  {device.name:<10} budget {format_bytes(device.budget_bytes):>12}  "
-            f"predicted peak {format_bytes(plan.predicted_peak(device.name)):>12}"
+            f"predicted peak {format_bytes(peak.bytes):>12}"
         )
         if peak.bytes and device.name in settings.budgets:
             print(f"    {say_peak(peak)}")

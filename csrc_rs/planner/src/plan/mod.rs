@@ -702,21 +702,11 @@ fn host_short(error: &PlanError, devices: &[Device]) -> bool {
 }
 
 /// `error`, saying whether the graph it names by index was the split one.
-fn of_split(error: PlanError, of_split: bool) -> PlanError {
-    match error {
-        PlanError::Infeasible {
-            message,
-            min_budgets,
-            peaks,
-            ..
-        } => PlanError::Infeasible {
-            message,
-            min_budgets,
-            peaks,
-            split: of_split,
-        },
-        other => other,
+fn of_split(mut error: PlanError, of_split: bool) -> PlanError {
+    if let PlanError::Infeasible { split, .. } = &mut error {
+        *split = of_split;
     }
+    error
 }
 
 fn infeasible(

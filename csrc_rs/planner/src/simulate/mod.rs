@@ -314,20 +314,29 @@ impl Memory {
                 // one sorted them whole (the planner bench's 10k-node graph: 36 against
                 // 46-54 ms a plan). Every key is distinct (`seq`), so the order is the same.
                 events.sort_by_key(|e| (e.time_bits, e.seq));
-                let mut live = base;
-                let mut peak = base;
-                for e in events.iter() {
-                    if e.alloc {
-                        live += u128::from(e.bytes);
-                        peak = peak.max(live);
-                    } else {
-                        live = live.saturating_sub(u128::from(e.bytes));
-                    }
-                }
-                u64::try_from(peak).unwrap_or(u64::MAX)
+                u64::try_from(peak_of(events, base).0).unwrap_or(u64::MAX)
             })
             .collect()
     }
+}
+
+/// The highest sum of live bytes over `base` along `events` (in the order
+/// the peak is found in), and the index of the allocation that first reached
+/// it (`None` when `base` alone is the peak).
+fn peak_of(events: &[Event], base: u128) -> (u128, Option<usize>) {
+    let (mut live, mut peak, mut at) = (base, base, None);
+    for (i, e) in events.iter().enumerate() {
+        if e.alloc {
+            live += u128::from(e.bytes);
+            if live > peak {
+                peak = live;
+                at = Some(i);
+            }
+        } else {
+            live = live.saturating_sub(u128::from(e.bytes));
+        }
+    }
+    (peak, at)
 }
 
 /// The resources' queues: when each is next free, its busy seconds, and

@@ -1,7 +1,7 @@
 //! What a device holds at its peak: what a refusal names so that the user
 //! knows what to change.
 
-use super::{Event, Simulation, Workspace};
+use super::{peak_of, Event, Simulation, Workspace};
 use crate::device::Device;
 use crate::error::{Held, PeakContents};
 use crate::graph::{CostGraph, Tier};
@@ -23,6 +23,7 @@ impl Workspace {
         record: bool,
     ) -> (Simulation, Vec<PeakContents>) {
         let sim = self.run(g, devices, pl, seg, record);
+        let sizes = (g.num_nodes(), g.num_params());
         // `run` leaves each device's events sorted in the order its peak was found in
         let contents: Vec<PeakContents> = self
             .events
@@ -31,7 +32,6 @@ impl Workspace {
             .enumerate()
             .map(|(d, (events, &base))| {
                 let device = d as u32;
-                let sizes = (g.num_nodes(), g.num_params());
                 contents(device, events, base, resident(g, pl, device), sizes)
             })
             .collect();
@@ -68,18 +68,7 @@ fn contents(
     resident: Vec<u32>,
     (nodes, params): (usize, usize),
 ) -> PeakContents {
-    let (mut live, mut peak, mut at) = (base, base, None);
-    for (i, e) in events.iter().enumerate() {
-        if e.alloc {
-            live += u128::from(e.bytes);
-            if live > peak {
-                peak = live;
-                at = Some(i);
-            }
-        } else {
-            live = live.saturating_sub(u128::from(e.bytes));
-        }
-    }
+    let (peak, at) = peak_of(events, base);
     // the bytes each value, streamed weight and staging buffer holds then
     // (indexed by slot: nodes, then weights, then staging buffers)
     let slot = |held: Held, index: u32| match held {
