@@ -76,6 +76,13 @@ READ_HANDOFF_S = 4e-4
 # here against 4.87 (3.76-7.72) through the threads, 40 calls each, in turn. A read in
 # flight on the threads still takes some of the calling thread's time (``disk.read_cpu``,
 # about 60 us), so a larger read, whose time could hide behind compute, keeps them.
+# Only a read submitted while none of the threads' requests is at the disk is made so: one
+# made behind them waits for the disk to serve them first, and the calling thread computes
+# nothing meanwhile. On an AMD 2-core development machine (a virtual disk serving requests
+# in turn) bench.ram_offload's batch-16 plan submits each 16 KiB bias behind its 64 MiB
+# weight, and each waited 25 ms: submitting 8 weights and their biases took 160-190 ms of
+# the calling thread, the reads alone 190-215 ms, and compute after them ran at the sum of
+# the two (260-280 ms) where handed to the threads it ran beside them (200-240 ms).
 INLINE_READ_BYTES = 64 * 2**10
 
 
@@ -158,8 +165,10 @@ class DiskReader:
     tensor keeps every thread's request in flight at the disk: at most ``chunk_bytes``
     each, and smaller for a read under ``threads * chunk_bytes`` (a 16 MiB read is four
     4 MiB requests with 4 threads, not one), down to ``MIN_REQUEST_BYTES``. A tensor of at
-    most ``inline_bytes`` (default ``INLINE_READ_BYTES``) is read and checked by the thread
-    that submits it, before ``submit`` returns; 0 sends every read to the threads.
+    most ``inline_bytes`` (default ``INLINE_READ_BYTES``) submitted while the threads have
+    no request at the disk is read and checked by the thread that submits it, before
+    ``submit`` returns (behind their requests it would wait for them); 0 sends every read
+    to the threads.
 
     Reading ``bench.ram_offload``'s 36 streamed 16 MiB chunks (604 MB) cold with
     ``O_DIRECT`` from its checkpoint on the ext4 virtual disk of the 2-core development
@@ -210,6 +219,8 @@ class DiskReader:
         # reads submitted and not yet complete, since when some have been, and the seconds
         # during which some were (what a timeline of the disk would show as busy)
         self._in_flight = 0
+        # requests handed to the threads and not read yet: a small read waits behind them
+        self._requests = 0
         self._busy_since = 0.0
         self._busy_s = 0.0
         self._closed = False
@@ -277,10 +288,6 @@ class DiskReader:
             first, last = low, high
             buffer = self.pool.take(high - low)
         job = _Job(loc, file, buffer, first, last)
-        with self._lock:
-            if self._in_flight == 0:
-                self._busy_since = time.perf_counter()
-            self._in_flight += 1
         share = _round_up(-(-(last - first) // self.threads), PAGE_BYTES)
         step = min(self.chunk_bytes, max(share, MIN_REQUEST_BYTES))
         spans = [
@@ -288,7 +295,14 @@ class DiskReader:
             for start in range(first, last if loc.nbytes else first, max(step, PAGE_BYTES))
         ]
         job.remaining = len(spans)
-        if spans and loc.nbytes <= self.inline_bytes:
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
+            inline = bool(spans) and loc.nbytes <= self.inline_bytes and self._requests == 0
+            if not inline:
+                self._requests += len(spans)
+        if inline:
             # read here, in one request, and checked here too: the hand-offs would cost
             # this thread more than the read itself
             try:
@@ -349,7 +363,11 @@ class DiskReader:
     def _read_span(self, job: _Job, start: int, stop: int) -> None:
         """Read bytes ``[start, stop)`` of the job's file into its buffer (one chunk)."""
         try:
-            self._read_into(job, start, stop)
+            try:
+                self._read_into(job, start, stop)
+            finally:
+                with self._lock:
+                    self._requests -= 1
             if job.loc.guard is not None:
                 # The blocks inside this request are checked on a verifier thread, so this
                 # one goes straight on to the next request and the disk stays busy.

@@ -65,13 +65,14 @@ pub struct Device {
     /// on the host's compute queue when the read is issued. Only the host's
     /// is used; 0 means "not modelled".
     pub read_cpu_s: f64,
-    /// A disk read of a parameter of at most this many bytes is made by the
-    /// host's calling thread when issued, not handed to the reader's threads
-    /// (their hand-offs would cost it more than the read): the host computes
-    /// nothing while it lasts (`inline_read_s` plus its bytes over
-    /// `disk_bytes_per_s`), it takes no `read_cpu_s`, and it does not queue
-    /// behind the reads in flight. Only the host's is used; 0 means every
-    /// read is handed on.
+    /// A disk read of a parameter of at most this many bytes issued while
+    /// the disk is idle is made by the host's calling thread, not handed to
+    /// the reader's threads (their hand-offs would cost it more than the
+    /// read): the host computes nothing while it lasts (`inline_read_s` plus
+    /// its bytes over `disk_bytes_per_s`) and it takes no `read_cpu_s`.
+    /// Issued behind reads in flight it is handed on (made on the calling
+    /// thread, it would wait for them). Only the host's is used; 0 means
+    /// every read is handed on.
     pub inline_read_bytes: u64,
     /// Fixed cost of a read the calling thread makes itself (see
     /// `inline_read_bytes`), in seconds, beyond its bytes over

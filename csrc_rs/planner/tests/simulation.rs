@@ -595,6 +595,50 @@ fn a_small_read_is_made_by_the_calling_thread_when_issued() {
 }
 
 #[test]
+fn a_small_read_issued_behind_a_read_in_flight_is_handed_on() {
+    // W0 (2 MB, handed to the reader's threads) then W1 (1 MB, small enough
+    // for the calling thread) on disk at 1 GB/s, both issued at the start.
+    // W1 is issued while W0 is at the disk: made by the calling thread it
+    // would wait for W0 and hold the host meanwhile, so it goes to the
+    // threads too, queued behind W0, and charged the hand-offs' `read_cpu_s`.
+    let mut b = Builder::default();
+    let x = b.input(1000);
+    let l0 = b.node(1e9, 1000, false, &[x]);
+    let l1 = b.node(1e9, 1000, false, &[l0]);
+    b.param(2_000_000, &[l0]);
+    b.param(1_000_000, &[l1]);
+    b.output(l1);
+    let g = b
+        .build()
+        .with_param_home(vec![Tier::Disk, Tier::Disk])
+        .unwrap();
+    let mut devices = exact_devices();
+    devices[0].disk_bytes_per_s = 1e9;
+    devices[0].disk_latency_s = 0.0005;
+    devices[0].read_cpu_s = 0.0004;
+    devices[0].inline_read_bytes = 1_000_000;
+    devices[0].inline_read_s = 0.0002;
+    let sim = simulate(&g, &devices, &[0, 0, 0], &[true, true], 2).unwrap();
+    let mut reads = records(&sim.timeline, Activity::Param);
+    reads.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    assert_eq!(reads.len(), 2);
+    assert_eq!((reads[0].index, reads[1].index), (0, 1));
+    assert_close(reads[0].start_s, 0.0);
+    assert_close(reads[0].end_s, 0.0025);
+    // queued: its fixed cost hides behind W0's transfer
+    assert_close(reads[1].start_s, 0.0025);
+    assert_close(reads[1].end_s, 0.0035);
+    let charges = records(&sim.timeline, Activity::ReadCpu);
+    assert_eq!(charges.len(), 2, "both handed on: {charges:?}");
+    // the first layer waits for its own weight only, not for W1's
+    let l0 = records(&sim.timeline, Activity::Node)
+        .into_iter()
+        .find(|r| r.index == 1)
+        .unwrap();
+    assert_close(l0.start_s, 0.0025);
+}
+
+#[test]
 fn the_runtime_s_own_work_holds_each_segment_back() {
     // Two 1 s layers on the host, each weight 1 MB; the calling thread
     // spends 10 ms calling a segment, 20 ms looking up a resident weight

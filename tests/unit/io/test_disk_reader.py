@@ -221,6 +221,42 @@ def test_a_small_read_is_made_and_checked_by_the_calling_thread(tmp_path: Path) 
         assert not reader.pool.lent_buffers
 
 
+def test_a_small_read_behind_a_request_at_the_disk_goes_to_the_threads(tmp_path: Path) -> None:
+    """A small read submitted while the threads have a request at the disk is handed to them
+    (made by the calling thread, it would wait behind that request: ``submit`` would block
+    the caller, who computes nothing meanwhile); once they have none, the next is made
+    inline again."""
+    path, data = raw_file(tmp_path, 4 * INLINE_READ_BYTES)
+    started = threading.Event()
+    release = threading.Event()
+    readers: list[str] = []
+    with DiskReader(HostBufferPool(), threads=2, direct=False) as reader:
+
+        def hold(loc: TensorLocation) -> None:
+            readers.append(threading.current_thread().name)
+            if threading.current_thread() is not threading.main_thread():
+                started.set()
+                assert release.wait(timeout=10)
+
+        reader.before_read = hold
+        large = dataclasses.replace(span(path, 0, INLINE_READ_BYTES + 1), key="large")
+        held = reader.submit(large)
+        assert started.wait(timeout=10)
+        small = reader.submit(span(path, 2 * INLINE_READ_BYTES, 100))
+        assert not small.done(), "submit returned at once, the read handed on"
+        release.set()
+        got = small.result(timeout=10)
+        assert (
+            bytes(got.tensor.numpy()) == data[2 * INLINE_READ_BYTES : 2 * INLINE_READ_BYTES + 100]
+        )
+        assert readers[-1].startswith("tensortorrent-disk")
+        reader.pool.give(got.buffer)
+        reader.pool.give(held.result(timeout=10).buffer)
+        after = reader.submit(span(path, 3 * INLINE_READ_BYTES, 100))
+        assert after.done() and readers[-1] == threading.current_thread().name
+        reader.pool.give(after.result().buffer)
+
+
 def test_busy_seconds_count_time_with_reads_in_flight_once(tmp_path: Path) -> None:
     """Two reads in flight together count their common time once; idle time not at all."""
     path, _ = raw_file(tmp_path, FILE_BYTES)

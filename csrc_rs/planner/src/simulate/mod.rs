@@ -383,17 +383,6 @@ impl Queues {
         self.free[k] = self.free[k].max(until);
     }
 
-    /// Work on `r` from `start` to `end` that did not queue behind the work
-    /// queued there (a read the host's calling thread makes while the
-    /// reader's threads have others in flight): `r` is busy until `end`, and
-    /// its busy time counts what of it the queued work did not cover.
-    fn alongside(&mut self, r: Resource, start: f64, end: f64, activity: Activity, index: u32) {
-        let k = self.slot(r);
-        self.busy[k] += (end - start.max(self.free[k])).max(0.0);
-        self.free[k] = self.free[k].max(end);
-        self.note(r, activity, index, start, end);
-    }
-
     /// Adds work on `r` to the timeline, when one is recorded.
     fn note(&mut self, r: Resource, activity: Activity, index: u32, start: f64, end: f64) {
         if let Some(t) = &mut self.timeline {
@@ -554,14 +543,17 @@ fn issue_prefetches(
         let bytes = bytes_of[q as usize];
         mem.push(d, at, bytes, true, Held::Weight, q);
         let mut ready = at;
-        if home[q as usize] == Tier::Disk && host.reads_inline(bytes as f64) {
+        let start = at.max(queues.free_at(Resource::Compute(HOST)));
+        if home[q as usize] == Tier::Disk
+            && host.reads_inline(bytes as f64)
+            && queues.free_at(Resource::Disk) <= start
+        {
             // The calling thread reads it when issuing it (before the segment that
-            // issues it): the host computes nothing meanwhile, the read does not queue
-            // behind those in flight on the reader's threads, and what the thread
-            // issues next it issues after.
-            let start = at.max(queues.free_at(Resource::Compute(HOST)));
-            let end = start + host.disk_read_time(bytes as f64);
-            queues.alongside(Resource::Disk, start, end, Activity::Param, q);
+            // issues it), the disk being idle (behind the reads in flight it would wait
+            // for them: it goes to the reader's threads then): the host computes
+            // nothing meanwhile, and what the thread issues next it issues after.
+            let read = host.disk_read_time(bytes as f64);
+            let (_, end) = queues.run(Resource::Disk, start, read, Activity::Param, q);
             queues.hold(Resource::Compute(HOST), end);
             at = end;
             ready = end;
