@@ -615,6 +615,23 @@ def _explain_prediction_off(graph: CompiledGraph) -> list[str]:
     ratio = measured / predicted
     if 1 / PREDICTION_OFF <= ratio <= PREDICTION_OFF:
         return []
+    plan = graph.plan
+    virtual = sorted(
+        {
+            plan.segment_device(s)
+            for s in range(len(plan.native.segment_device))
+            if plan.segment_device(s).startswith("virtual:")
+        }
+    )
+    if virtual:
+        # the profile is not what is off: the emulation is slower than any device
+        return [
+            f"  the last call took {ratio:.2f}x the predicted time (more than "
+            f"{PREDICTION_OFF:.1f}x off): {', '.join(virtual)} "
+            f"{'runs' if len(virtual) == 1 else 'run'} its ops on the CPU, one by one "
+            "through the layer that keeps its memory ledger, at no accelerator's speed; "
+            "its plan's memory figures are exact, its times are the spec's"
+        ]
     return [
         f"  the last call took {ratio:.2f}x the predicted time (more than "
         f"{PREDICTION_OFF:.1f}x off): the plan rests on the profile's rates (profile "

@@ -135,6 +135,30 @@ def test_explain_points_at_the_profile_when_a_call_is_far_off_its_prediction() -
         assert off_lines() == []
 
 
+def test_explain_says_a_virtual_device_is_off_its_prediction_by_emulation() -> None:
+    """A plan that runs on a virtual device is off its prediction because the device runs
+    its ops on the CPU through a Python layer, whatever the profile: the line says so and
+    does not send the user to measure the host again."""
+    torch._dynamo.reset()
+    model, x = mlp(32, 3), torch.randn(4, 32)
+    compiled = tt.compile(
+        model,
+        example_inputs=(x,),
+        compiler="eager",
+        profile="nominal",
+        virtual_devices={"virtual:0": {"flops": "2T", "bandwidth": "16GB", "capacity": "1GiB"}},
+        devices=["virtual:0"],
+    )
+    with torch.no_grad():
+        compiled(x)
+    (graph,) = compiled.graphs
+    graph.last_call_s = 50 * graph.plan.predicted_time_s
+    (line,) = [s for s in compiled.explain().splitlines() if "the last call took" in s]
+    assert "50.00x the predicted time" in line
+    assert "virtual:0 runs its ops on the CPU" in line
+    assert "validate-hardware" not in line
+
+
 def test_explain_names_the_rate_each_dtypes_flops_are_costed_at() -> None:
     torch._dynamo.reset()
     model, x = mlp(32, 3).to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
