@@ -4,6 +4,10 @@
 is written once: a later write of the same bytes reuses the stored copy after checking it.
 Every file is written to a temporary name, flushed and renamed, so a crash leaves the
 previous state readable, and free space is checked before anything is written.
+
+A process that released a model's weights to a store (their only copy is then there) holds
+a shared lease on it for as long as it runs (:meth:`OffloadStore.write` with ``hold``);
+:func:`remove_unused` deletes only the stores no process holds.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from .safetensors import (
     _write_file,
 )
 
-__all__ = ["DEFAULT_SHARD_BYTES", "MANIFEST_FORMAT", "OffloadStore"]
+__all__ = ["DEFAULT_SHARD_BYTES", "MANIFEST_FORMAT", "OffloadStore", "remove_unused", "tensor_sums"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,10 @@ _MANIFEST = "manifest.json"
 # what a write to a full, read-only or forbidden directory fails with
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 _LOCK = ".lock"
+# held shared by every process whose weights live in the store (see remove_unused)
+_LEASE = ".in-use"
+# the lease file of each store this process holds, by directory, open for its lifetime
+_leases: dict[Path, int] = {}
 _SHARD_NAME = re.compile(r"shard-[0-9a-f]{16}\.safetensors")
 
 
@@ -159,8 +167,18 @@ class OffloadStore:
         self.directory = Path(os.path.abspath(directory))
         self.shard_bytes = shard_bytes
 
-    def write(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorLocation]:
+    def write(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        sums: Mapping[str, tuple[int, ...]] | None = None,
+        hold: bool = False,
+    ) -> dict[str, TensorLocation]:
         """Make sure every tensor of ``tensors`` is stored; returns where each one is.
+
+        ``sums`` are the tensors' :func:`tensor_sums` where already computed. With ``hold``
+        this process takes a shared lease on the store, before another can change it, and
+        keeps it while it runs: :func:`remove_unused` in any process leaves the store (hold
+        it when the caller is about to release the tensors' own bytes to it).
 
         Other tensors already in the store stay. Raises :class:`OffloadError` for a tensor
         that cannot be stored (a meta tensor, an unsupported dtype).
@@ -169,10 +187,8 @@ class OffloadStore:
             manifest = self._load()
             for key, tensor in tensors.items():
                 _dtype_name(key, tensor.dtype)
-            sums = {
-                key: block_checksums(_tensor_bytes(key, t, as_in_memory=True))
-                for key, t in tensors.items()
-            }
+            if sums is None:
+                sums = tensor_sums(tensors)
             stored = {
                 key
                 for key, tensor in tensors.items()
@@ -198,6 +214,8 @@ class OffloadStore:
                     self.directory,
                 )
             self._commit(manifest, todo, sums)
+            if hold:
+                self._hold()
             return self._locations(manifest, tensors)
 
     def locations(
@@ -246,28 +264,42 @@ class OffloadStore:
             if unsourced:
                 raise self._corrupt_error(unsourced, "and no source was given for them")
             todo = {key: sources[key] for d in damage for key in d.keys}
-            sums = {
-                key: block_checksums(_tensor_bytes(key, t, as_in_memory=True))
-                for key, t in todo.items()
-            }
+            sums = tensor_sums(todo)
             self._commit(manifest, todo, sums)
             return sorted(todo)
 
     @contextlib.contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:
-        """Hold ``<directory>/.lock``: exclusively to change the store, shared to read it."""
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            if exc.errno not in _WRITE_ERRNOS:
-                raise
-            raise self._write_error(0, None, exc.strerror or str(exc)) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        """Hold ``<directory>/.lock``: exclusively to change the store, shared to read it.
+
+        A lock taken on a file that :func:`remove_unused` deleted meanwhile (with the whole
+        store) is taken again on a new one."""
+        while True:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                if exc.errno not in _WRITE_ERRNOS:
+                    raise
+                raise self._write_error(0, None, exc.strerror or str(exc)) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                if _same_file(fd, self.directory / _LOCK):
+                    yield
+                    return
+            finally:
+                os.close(fd)  # releases the lock
+
+    def _hold(self) -> None:
+        """Take this process's shared lease on the store, kept while it runs (under the
+        store's lock, so that no ``remove_unused`` can come between)."""
+        if self.directory in _leases:
+            if _same_file(_leases[self.directory], self.directory / _LEASE):
+                return
+            os.close(_leases.pop(self.directory))
+        fd = os.open(self.directory / _LEASE, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _leases[self.directory] = fd
 
     def _load(self) -> _Manifest:
         """The manifest; an empty one when none was written yet."""
@@ -528,6 +560,56 @@ class OffloadStore:
             "model's weights",
             [key for d in damage for key in d.keys],
         )
+
+
+def tensor_sums(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """The block checksums of each tensor's bytes, as a store records them."""
+    return {
+        key: block_checksums(_tensor_bytes(key, t, as_in_memory=True)) for key, t in tensors.items()
+    }
+
+
+def remove_unused(directories: Iterable[Path]) -> list[Path]:
+    """Delete each store of ``directories`` that no process holds (no lease on it, no
+    writer or reader in it); returns those deleted. A store some process released weights
+    to stays, as does one being written or read."""
+    removed = []
+    for directory in directories:
+        try:
+            lock = os.open(directory / _LOCK, os.O_RDWR)
+        except OSError:
+            continue  # not a store, or one being made: its writer holds it
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lease = os.open(directory / _LEASE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # the lock file last: a process waiting on it then finds it gone and
+                # makes the store anew (OffloadStore._locked)
+                for entry in os.scandir(directory):
+                    if entry.name != _LOCK:
+                        Path(entry.path).unlink(missing_ok=True)
+                (directory / _LOCK).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+                removed.append(directory)
+            finally:
+                os.close(lease)
+        except BlockingIOError:
+            continue  # held: in use
+        finally:
+            os.close(lock)
+    return removed
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not one deleted, or replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (opened.st_dev, opened.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _range_checksums(

@@ -16,7 +16,7 @@ import torch
 from ..cost_graph import CostGraph
 from ..io.files import digest
 from ..io.locations import TensorLocation
-from ..io.store import OffloadStore
+from ..io.store import OffloadStore, remove_unused, tensor_sums
 from ..plan.planner import GraphPlan
 from ..profile.cache import default_offload_dir
 from ..settings import Settings
@@ -99,12 +99,22 @@ def _write_and_release(
     graph_index: int, to_write: dict[str, torch.Tensor], settings: Settings
 ) -> None:
     """Write ``to_write`` (by fqn) to the offload store, then release their RAM."""
-    # One directory per set of parameters (names, shapes, dtypes): models of another
-    # architecture never share shards; the same one reuses what is already written.
-    layout = sorted((k, str(t.dtype), list(t.shape)) for k, t in to_write.items())
-    store = OffloadStore(offload_dir(settings) / digest(layout))
-    written = store.write({k: t.detach() for k, t in to_write.items()})
+    # One store per set of weights (names, shapes, dtypes and bytes): the same weights
+    # compiled again reuse what is already written, and another model's never displace
+    # them (two of one architecture, a base model and its fine-tune, in the default
+    # directory every model shares). This process holds the store while it runs; the
+    # stores of the same parameters with other bytes that no process holds (written before
+    # the weights changed) are deleted.
+    tensors = {k: t.detach() for k, t in to_write.items()}
+    sums = tensor_sums(tensors)
+    layout = digest(sorted((k, str(t.dtype), list(t.shape)) for k, t in tensors.items()))
+    root = offload_dir(settings)
+    store = OffloadStore(root / f"{layout}-{digest(sorted(sums.items()))}")
+    written = store.write(tensors, sums=sums, hold=True)
     _stores.add(store.directory)
+    stale = [d for d in root.glob(f"{layout}-*") if d != store.directory]
+    for directory in remove_unused(stale):
+        log.info("offload: deleted %s, the same parameters' other weights", directory)
     for fqn, tensor in to_write.items():
         release(tensor, written[fqn])
     total = sum(w.nbytes for w in written.values())

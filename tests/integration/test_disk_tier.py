@@ -474,3 +474,77 @@ def test_a_forked_worker_reads_the_weights_on_threads_of_its_own(tmp_path: Path)
         check=False,
     )
     assert done.returncode == 0 and done.stdout.split()[-1:] == ["ok"], done.stderr[-3000:]
+
+
+_OTHER_PROCESS_COMPILES = """
+import sys
+import torch
+import tensortorrent as tt
+from tests.models import mlp, param_bytes
+
+model, x = mlp(256, 8, seed=int(sys.argv[2])), torch.randn(16, 256)
+with torch.no_grad():
+    expected = model(x)
+compiled = tt.compile(
+    model, (x,), offload_dir=sys.argv[1], compiler="eager",
+    budgets={"cpu": param_bytes(model) // 2},
+)
+with torch.no_grad():
+    torch.testing.assert_close(compiled(x), expected)
+print("ok")
+"""
+
+
+def test_models_of_one_architecture_share_an_offload_dir_without_losing_weights(
+    tmp_path: Path,
+) -> None:
+    """Two models of the same layers and shapes but other weights (a base model and its
+    fine-tune), compiled into one offload directory (the default one is shared by every
+    model), here and in another process: each keeps its own weights on disk. They used to
+    share one store keyed by names and shapes, the second's writing replaced the first's
+    shards, and the first, whose RAM was released to them, failed (its only copy gone)."""
+    first, x = mlp(256, 8, seed=1), torch.randn(16, 256)
+    second = mlp(256, 8, seed=2)
+    with torch.no_grad():
+        expected = first(x), second(x)
+    budget = {"cpu": _host_budget(first)}
+    compiled = [_compile(m, x, tmp_path, budgets=budget) for m in (first, second)]
+    with torch.no_grad():
+        for _ in range(2):
+            for model, want in zip(compiled, expected, strict=True):
+                torch.testing.assert_close(model(x), want)
+                assert model.disk_bytes_read() > 0
+    _compile_in_another_process(tmp_path / "offload", seed=3)
+    with torch.no_grad():
+        for model, want in zip(compiled, expected, strict=True):
+            torch.testing.assert_close(model(x), want)
+    assert len(list((tmp_path / "offload").iterdir())) == 3, "each model's weights apart"
+
+
+def _compile_in_another_process(offload: Path, seed: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_OTHER_PROCESS_COMPILES), str(offload), str(seed)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.split()[-1:] == ["ok"], done.stderr[-3000:]
+
+
+def test_weights_no_process_uses_are_deleted_when_their_model_changes(tmp_path: Path) -> None:
+    """The same model compiled again reuses its store; once its weights change (a new
+    fine-tune of one architecture), the store of the old ones, which no process holds any
+    more, is deleted, so the offload directory does not grow with every version."""
+    offload = tmp_path / "offload"
+    _compile_in_another_process(offload, seed=1)
+    (first,) = offload.iterdir()
+    shards = sorted(first.glob("*.safetensors"))
+    stamps = [p.stat().st_mtime_ns for p in shards]
+    _compile_in_another_process(offload, seed=1)
+    assert list(offload.iterdir()) == [first]
+    assert [p.stat().st_mtime_ns for p in sorted(first.glob("*.safetensors"))] == stamps
+    _compile_in_another_process(offload, seed=2)
+    (second,) = offload.iterdir()
+    assert second != first and list(second.glob("*.safetensors"))

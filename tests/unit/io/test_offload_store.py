@@ -7,6 +7,8 @@ import json
 import mmap
 import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -362,3 +364,42 @@ def test_a_manifest_whose_strides_overlap_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(manifest))
     with pytest.raises(OffloadCorruptError, match="do not lay out its bytes densely"):
         store.locations(verify=False)
+
+
+_HOLDS_A_STORE = """
+import sys
+import torch
+from tensortorrent_dynamo.io.store import OffloadStore
+OffloadStore(sys.argv[1]).write({"w": torch.ones(8)}, hold=True)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_remove_unused_deletes_only_the_stores_no_process_holds(tmp_path: Path) -> None:
+    """A store written without a lease is deleted, whole; one this process holds, or
+    another process holds, stays until its holder is gone; a store deleted is made anew by
+    the next write."""
+    loose = OffloadStore(tmp_path / "loose")
+    loose.write(model_weights())
+    held = OffloadStore(tmp_path / "held")
+    held.write(model_weights(), hold=True)
+    other = tmp_path / "other"
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_A_STORE, str(other)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        stores = [loose.directory, held.directory, other, tmp_path / "not-a-store"]
+        assert store_io.remove_unused(stores) == [loose.directory]
+        assert not loose.directory.exists()
+        assert held.locations() and OffloadStore(other).locations()
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+    assert store_io.remove_unused([other]) == [other] and not other.exists()
+    # written again from nothing where it was deleted
+    assert sorted(loose.write(model_weights())) == sorted(model_weights())
+    assert_holds(loose, model_weights())
