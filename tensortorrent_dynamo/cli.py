@@ -67,6 +67,7 @@ def _profile_section(hints: list[str]) -> None:
     """Print the offload directory's free space and the cached profile, if any."""
     import psutil
 
+    from .io.store import in_use
     from .profile import cache
     from .profile.detect import current_fingerprint
     from .profile.disk import filesystem
@@ -81,10 +82,12 @@ def _profile_section(hints: list[str]) -> None:
     stores = sorted(offload.glob("*/manifest.json")) if offload.is_dir() else []
     if stores:
         held = sum(f.stat().st_size for m in stores for f in m.parent.iterdir() if f.is_file())
+        used = sum(in_use(m.parent) for m in stores)
         print(
             f"              {len(stores)} offload store(s) holding {format_bytes(held)} of "
-            "weights (one per model layout; delete one to reclaim it: it is written again "
-            "when a model needs it)"
+            f"weights (one per set of weights), {used} in use by a running process (its "
+            "weights' only copy); delete one not in use to reclaim it: it is written again "
+            "when a model needs it"
         )
     if not os.access(on, os.W_OK):
         hints.append(

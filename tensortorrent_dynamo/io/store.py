@@ -55,7 +55,14 @@ from .safetensors import (
     _write_file,
 )
 
-__all__ = ["DEFAULT_SHARD_BYTES", "MANIFEST_FORMAT", "OffloadStore", "remove_unused", "tensor_sums"]
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "MANIFEST_FORMAT",
+    "OffloadStore",
+    "in_use",
+    "remove_unused",
+    "tensor_sums",
+]
 
 log = logging.getLogger(__name__)
 
@@ -600,6 +607,21 @@ def remove_unused(directories: Iterable[Path]) -> list[Path]:
         finally:
             os.close(lock)
     return removed
+
+
+def in_use(directory: Path) -> bool:
+    """Whether some process holds the store in ``directory`` (it released weights to it)."""
+    try:
+        fd = os.open(directory / _LEASE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -24,7 +24,9 @@ def test_doctor_counts_the_offload_stores(tmp_path: Path) -> None:
 
     from tensortorrent_dynamo.io.store import OffloadStore
 
-    OffloadStore(tmp_path / "offload" / "layout").write({"w": torch.ones(1024)})
+    OffloadStore(tmp_path / "offload" / "loose").write({"w": torch.ones(1024)})
+    # this process released weights to it: in use while it runs
+    OffloadStore(tmp_path / "offload" / "held").write({"w": torch.zeros(1024)}, hold=True)
     result = subprocess.run(
         [sys.executable, "-m", "tensortorrent_dynamo.cli", "doctor"],
         capture_output=True,
@@ -33,7 +35,8 @@ def test_doctor_counts_the_offload_stores(tmp_path: Path) -> None:
         env={**os.environ, "TENSORTORRENT_CACHE_DIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 offload store(s) holding" in result.stdout
+    assert "2 offload store(s) holding" in result.stdout
+    assert "1 in use by a running process" in result.stdout
 
 
 def test_unknown_command_is_refused() -> None:
