@@ -113,7 +113,12 @@ class SavedPlan:
             known = ", ".join(g["graph_hash"] for g in self.graphs)
             raise StalePlanError(
                 f"{self.path} has no plan for this graph (hash {cost.digest()}; the file has "
-                f"{known}): the model or its inputs changed since the plan was saved"
+                f"{known}): the model or its inputs changed since the plan was saved, or the "
+                "calls came in another order (Dynamo traces a model's first call for its "
+                "shapes alone, and a call of other shapes after it for any: a loaded model "
+                "called first with the shapes of a later call gets a graph the file does not "
+                'have). Call it as it was called before saving, or load with replan="auto" '
+                "to plan such a graph now"
             )
         hardware = current_fingerprint().to_dict()
         if hardware != self.hardware:

@@ -103,6 +103,43 @@ def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:
         torch.testing.assert_close(compiled(x), other(x))
 
 
+def test_calls_in_another_order_than_saved_are_refused_saying_why(tmp_path: Path) -> None:
+    """Dynamo traces the first call for its shapes alone and a second call of other shapes
+    for any: saved after batch 4 then batch 8, a model loaded and called with batch 8 first
+    has a graph the file lacks. The refusal says the order may be why and what to do; in
+    the saved order the plans are replayed, and replan="auto" plans the new graph."""
+    small, large = torch.randn(4, 64), torch.randn(8, 64)
+    model = mlp(64, 3)
+    with torch.no_grad():
+        expected = model(small), model(large)
+    compiled = tt.compile(model, **OPTIONS)
+    with torch.no_grad():
+        compiled(small)
+        compiled(large)
+    path = tmp_path / "plan.json"
+    compiled.save(path)
+    saved = compiled.plan_hashes()
+    assert len(saved) == 2
+
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 3))
+    refused = pytest.raises(tt.StalePlanError, match=r"(?s)another order.*replan=\"auto\"")
+    with torch.no_grad(), refused:
+        loaded(large)
+
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(small), expected[0])
+        torch.testing.assert_close(loaded(large), expected[1])
+    assert loaded.plan_hashes() == saved
+
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 3), replan="auto")
+    with torch.no_grad(), pytest.warns(tt.TensorTorrentWarning, match="planned again"):
+        torch.testing.assert_close(loaded(large), expected[1])
+
+
 def test_other_hardware_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     model, x = mlp(64, 4), torch.randn(4, 64)
