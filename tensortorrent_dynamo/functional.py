@@ -29,6 +29,7 @@ import torch.fx
 
 from .cost_graph import dynamo_params
 from .errors import TensorTorrentWarning, UnsupportedNodeError
+from .passes.batch_norm_layout import BatchNormLayout
 from .passes.grouped_attention import GroupedAttention
 from .passes.param_views import OneReaderPerParamView
 
@@ -218,6 +219,7 @@ def functional(
                 len(inputs.mutated),
                 ", ".join(inputs.mutated[:4]) + (", ..." if len(inputs.mutated) > 4 else ""),
             )
+        BatchNormLayout()(aten)
         GroupedAttention()(aten)
         OneReaderPerParamView(inputs.params)(aten)
         # AOTAutograd calls this under its fake mode; planning allocates, copies and runs

@@ -122,6 +122,24 @@ def _auto(auto_class: str, config_name: str, **config: Any) -> Callable[[], nn.M
     return _seeded(make)
 
 
+def _model(class_name: str, config_name: str, **config: Any) -> Callable[[], nn.Module]:
+    """A transformers model class with no Auto class for its task, built from its config."""
+
+    def make() -> nn.Module:
+        import transformers
+
+        cfg = getattr(transformers, config_name)(**config)
+        model: nn.Module = getattr(transformers, class_name)(cfg)
+        return model
+
+    return _seeded(make)
+
+
+def _series_inputs(seed: int) -> Inputs:
+    """A batch of 2 (then 3) series of 16 steps of 3 channels."""
+    return {"past_values": torch.randn(2 + seed, 16, 3, generator=_generator(seed))}
+
+
 # the common shape of the decoder LMs: hidden 64, 4 layers, 4 heads (2 KV heads), vocab 128.
 # Four layers, not two: with two, a third of the parameters is less than one layer's
 # weights plus the prefetched next ones, and the planner rightly finds no plan
@@ -938,6 +956,26 @@ ENTRIES: list[Entry] = [
             num_conv_pos_embedding_groups=4,
         ),
         audio_inputs,
+    ),
+    # --- time series
+    Entry(
+        "patchtst",
+        "patchtst",
+        "patches of a series, batch norm over the transposed patches (torch's CPU kernel "
+        "and its meta function lay the output out differently)",
+        _model(
+            "PatchTSTForPrediction",
+            "PatchTSTConfig",
+            num_input_channels=3,
+            context_length=16,
+            patch_length=4,
+            patch_stride=4,
+            d_model=256,
+            num_hidden_layers=LAYERS,
+            prediction_length=4,
+            num_parallel_samples=4,
+        ),
+        _series_inputs,
     ),
     # --- vision
     Entry(
