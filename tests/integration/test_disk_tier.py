@@ -465,8 +465,13 @@ def test_a_forked_worker_reads_the_weights_on_threads_of_its_own(tmp_path: Path)
     (how a pool starts on Linux): the worker reads the weights on disk on reader threads
     of its own, the parent's not being there; it used to wait for them until the read's
     timeout."""
+    _run_ok(_FORKED_RUN, str(tmp_path / "offload"))
+
+
+def _run_ok(script: str, *args: str) -> None:
+    """Run ``script`` in a fresh Python process from the repository; it prints "ok" last."""
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_FORKED_RUN), str(tmp_path / "offload")],
+        [sys.executable, "-c", textwrap.dedent(script), *args],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
@@ -522,15 +527,7 @@ def test_models_of_one_architecture_share_an_offload_dir_without_losing_weights(
 
 
 def _compile_in_another_process(offload: Path, seed: int) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_OTHER_PROCESS_COMPILES), str(offload), str(seed)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout.split()[-1:] == ["ok"], done.stderr[-3000:]
+    _run_ok(_OTHER_PROCESS_COMPILES, str(offload), str(seed))
 
 
 def test_weights_no_process_uses_are_deleted_when_their_model_changes(tmp_path: Path) -> None:
