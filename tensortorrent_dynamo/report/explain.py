@@ -616,13 +616,8 @@ def _explain_prediction_off(graph: CompiledGraph) -> list[str]:
     if 1 / PREDICTION_OFF <= ratio <= PREDICTION_OFF:
         return []
     plan = graph.plan
-    virtual = sorted(
-        {
-            plan.segment_device(s)
-            for s in range(len(plan.native.segment_device))
-            if plan.segment_device(s).startswith("virtual:")
-        }
-    )
+    segments = {plan.segment_device(s) for s in range(len(plan.native.segment_device))}
+    virtual = sorted(segments & graph.runtime.virtual.keys())
     if virtual:
         # the profile is not what is off: the emulation is slower than any device
         return [
