@@ -21,7 +21,7 @@ from .report.trace import write_trace
 from .run.ops import global_hooks
 from .session import CompiledGraph
 from .settings import parse_options
-from .weights.released import bind_checkpoint
+from .weights.released import bind_checkpoint, own_memory
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,13 @@ class CompiledModule(torch.nn.Module):
         super().__init__()
         self.model = model
         self.backend = backend
-        self.compiled = torch.compile(model, backend=backend)
+        # torch's compiled module, kept out of this module's children: its ``_orig_mod`` is
+        # ``model``, and as a child it would put every weight in ``state_dict()`` twice
+        self.__dict__["compiled"] = torch.compile(model, backend=backend)
         # the same, found without nn.Module's (and this class's) attribute lookup on each call
         self.__dict__["_call_compiled"] = self.compiled
+        self.register_load_state_dict_pre_hook(_keys_of_the_model)  # type: ignore[no-untyped-call]
+        self.register_load_state_dict_post_hook(_keys_said_as_given)  # type: ignore[no-untyped-call]
         # the model's forward compiled with the backend, for ``generate()`` (made at its
         # first call); the generate() calls running, and the forward the model had before
         self._compiled_forward: Any = None
@@ -93,6 +97,11 @@ class CompiledModule(torch.nn.Module):
                     type(self.model).__name__,
                 )
         return out
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's ``state_dict()``, with its keys: a checkpoint saved from the compiled
+        module loads into the model and back (also where this module is another's child)."""
+        return self.model.state_dict(*args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The model's ``generate()`` (transformers'), each step's forward run by the plans.
@@ -201,6 +210,38 @@ class CompiledModule(torch.nn.Module):
             for name, dev in graph.runtime.virtual.items():
                 peaks[name] = max(peaks.get(name, 0), dev.ledger.peak)
         return peaks
+
+
+def _keys_of_the_model(
+    module: CompiledModule, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
+    """``load_state_dict`` takes the keys ``state_dict()`` gives, the model's: each is moved
+    under ``model.``, where this module holds it. The compiled graphs then run on the loaded
+    weights, wherever their plans keep them."""
+    module.__dict__["_loading_prefix"] = prefix
+    tensors = module.model.state_dict(keep_vars=True)
+    keys = [key for key in state_dict if key.startswith(prefix)]
+    for key in keys:
+        value = state_dict.pop(key)
+        state_dict[f"{prefix}model.{key[len(prefix) :]}"] = value
+        tensor = tensors.get(key[len(prefix) :])
+        if (
+            isinstance(tensor, torch.Tensor)
+            and isinstance(value, torch.Tensor)
+            and value.shape == tensor.shape
+            and not value.is_meta
+        ):
+            # a weight whose bytes are on disk takes the new ones in RAM of its own (where
+            # torch can copy them, so none is left unwritten), and is planned again with them
+            own_memory(tensor)
+
+
+def _keys_said_as_given(module: CompiledModule, incompatible: Any) -> None:
+    """Missing and unexpected keys named as the caller gave them, without ``model.``."""
+    prefix = module.__dict__.pop("_loading_prefix", "")
+    inner = f"{prefix}model."
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        keys[:] = [prefix + k[len(inner) :] if k.startswith(inner) else k for k in keys]
 
 
 def _raise_ours(exc: torch._dynamo.exc.BackendCompilerFailed) -> None:

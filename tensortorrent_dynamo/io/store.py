@@ -60,6 +60,7 @@ __all__ = [
     "MANIFEST_FORMAT",
     "OffloadStore",
     "in_use",
+    "let_go",
     "remove_unused",
     "tensor_sums",
 ]
@@ -607,6 +608,15 @@ def remove_unused(directories: Iterable[Path]) -> list[Path]:
         finally:
             os.close(lock)
     return removed
+
+
+def let_go(directory: Path) -> None:
+    """Drop this process's lease on the store in ``directory`` (none of its tensors maps the
+    store any more), so that :func:`remove_unused` may delete it once no other process
+    holds it."""
+    fd = _leases.pop(directory, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def in_use(directory: Path) -> bool:

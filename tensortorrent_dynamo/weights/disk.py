@@ -16,12 +16,12 @@ import torch
 from ..cost_graph import CostGraph
 from ..io.files import digest
 from ..io.locations import TensorLocation
-from ..io.store import OffloadStore, remove_unused, tensor_sums
+from ..io.store import OffloadStore, let_go, remove_unused, tensor_sums
 from ..plan.planner import GraphPlan
 from ..profile.cache import default_offload_dir
 from ..settings import Settings
 from ..units import format_bytes
-from .released import release, released_location
+from .released import mapped_directories, release, released_location
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,9 @@ def _write_and_release(
     # One store per set of weights (names, shapes, dtypes and bytes): the same weights
     # compiled again reuse what is already written, and another model's never displace
     # them (two of one architecture, a base model and its fine-tune, in the default
-    # directory every model shares). This process holds the store while it runs; the
-    # stores of the same parameters with other bytes that no process holds (written before
-    # the weights changed) are deleted.
+    # directory every model shares). This process holds the store while its tensors map
+    # it; the stores of the same parameters with other bytes that no process holds (written
+    # before the weights changed, in this process or another) are deleted.
     tensors = {k: t.detach() for k, t in to_write.items()}
     sums = tensor_sums(tensors)
     layout = digest(sorted((k, str(t.dtype), list(t.shape)) for k, t in tensors.items()))
@@ -113,6 +113,11 @@ def _write_and_release(
     written = store.write(tensors, sums=sums, hold=True)
     _stores.add(store.directory)
     stale = [d for d in root.glob(f"{layout}-*") if d != store.directory]
+    mapped = mapped_directories()
+    for directory in stale:
+        if directory in _stores and directory not in mapped:
+            let_go(directory)
+            _stores.discard(directory)
     for directory in remove_unused(stale):
         log.info("offload: deleted %s, the same parameters' other weights", directory)
     for fqn, tensor in to_write.items():

@@ -18,15 +18,16 @@ a user calls the original module) reads them through the page cache, unverified 
 the budgets, where it would otherwise fail deep inside torch on a tensor with no storage.
 A write to the tensor copies the pages it touches into RAM and never reaches the file, so
 the compiled graphs, which read the file, would run on the old bytes: a tensor written in
-place since it was released (its version counter moved: ``load_state_dict``, an in-place
-op) or given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter merged) is
-refused by :func:`check_released` before the runtime reads it; a tensor given other bytes
-holds its own again (:func:`released_location` is ``None``), so a graph planned after that
-plans it anew. A write in place through ``.data`` (``p.data += delta``, an adapter merged in
-place) moves no version counter, but the pages it touches are copied out of the file's
-mapping: the process's page map (:mod:`..io.pagemap`) shows them, and where their bytes differ
-from the file's the tensor was written (on Linux; elsewhere such a write goes unseen). Where
-the file cannot be mapped (no ``mmap``, a damaged file), the storage is empty.
+place since it was released (its version counter moved: the model's own ``load_state_dict``,
+an in-place op) or given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter
+merged) is refused by :func:`check_released` before the runtime reads it; a tensor given
+other bytes holds its own again (:func:`released_location` is ``None``), so a graph planned
+after that plans it anew. A write in place through ``.data`` (``p.data += delta``, an
+adapter merged in place) moves no version counter, but the pages it touches are copied out
+of the file's mapping: the process's page map (:mod:`..io.pagemap`) shows them, and where
+their bytes differ from the file's the tensor was written (on Linux; elsewhere such a write
+goes unseen). Where the file cannot be mapped (no ``mmap``, a damaged file), the storage is
+empty.
 """
 
 from __future__ import annotations
@@ -257,6 +258,16 @@ def released_location(tensor: torch.Tensor) -> TensorLocation | None:
     return None if record is None or not record.holds(tensor) else record.location
 
 
+def mapped_directories() -> set[Path]:
+    """The directories whose files hold the bytes of a live released tensor (one that still
+    holds them): an offload store not among them holds nothing this process reads."""
+    return {
+        record.location.path.parent
+        for tensor, record in list(_released.items())  # type: ignore[no-untyped-call]
+        if record.holds(tensor)
+    }
+
+
 def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
     """Raise unless ``tensor`` is the released tensor whose bytes are at ``location``, where a
     plan reads its weight from, unchanged since: :class:`OffloadError` for one written in
@@ -270,10 +281,12 @@ def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
             return
         raise OffloadError(
             f"{location.key}: the model's tensor was written in place after its bytes were "
-            f"moved to {location.path} (an in-place op, ``load_state_dict``, a write through "
-            "``.data`` such as an adapter merged into it), and the compiled graphs read them "
-            "from there, so they would run on the old weights. Load new weights into the model "
-            "(merge adapters) before compiling it, or into a new model, and compile that"
+            f"moved to {location.path} (an in-place op, the model's ``load_state_dict``, a "
+            "write through ``.data`` such as an adapter merged into it), and the compiled "
+            "graphs read them "
+            "from there, so they would run on the old weights. Load new weights through the "
+            "module ``tt.compile`` returned (its ``load_state_dict``), or into the model "
+            "before compiling it (merge adapters before compiling), or compile a new model"
         )
     raise ReplacedWeightError(
         f"{location.key}: the model's tensor holds other bytes than those its plan reads from "
@@ -301,6 +314,15 @@ def release(tensor: torch.Tensor, location: TensorLocation) -> None:
     """Give the tensor's RAM back: the same tensor object now holds its bytes in the file."""
     tensor.data = _placeholder(location)
     _remember(tensor, location)
+
+
+def own_memory(tensor: torch.Tensor) -> None:
+    """Give a released tensor RAM of its own, uninitialised, for bytes about to be copied
+    into it (``CompiledModule.load_state_dict``): they are then the tensor's, not a write
+    over its file's mapping that the compiled graphs would never read, and a plan that reads
+    it from disk sees a weight given other bytes, planned again with them."""
+    if released_location(tensor) is not None:
+        tensor.data = torch.empty_like(tensor)
 
 
 def released_rows(weight: torch.Tensor, start: int, stop: int) -> torch.Tensor | None:

@@ -126,3 +126,87 @@ def test_a_weight_read_from_disk_written_through_data_is_refused(tmp_path: Path)
     with torch.no_grad(), pytest.raises(tt.OffloadError, match="written in place") as raised:
         compiled(x)
     assert any(name in str(raised.value) for name in released), raised.value
+
+
+def test_state_dict_has_the_models_keys_also_as_a_child() -> None:
+    """A checkpoint saved from the compiled module loads into the model, and the model's
+    into it, as with the model itself; the same where the compiled module is another's
+    child. Missing and unexpected keys are named as given."""
+    model = mlp(64, 3)
+    compiled = tt.compile(model, example_inputs=(torch.randn(2, 64),), compiler="eager")
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    mlp(64, 3, seed=1).load_state_dict(compiled.state_dict())
+    compiled.load_state_dict(model.state_dict())
+
+    def parent(child: torch.nn.Module) -> torch.nn.Module:
+        return torch.nn.ModuleDict({"head": torch.nn.Linear(4, 4), "body": child})
+
+    assert list(parent(compiled).state_dict()) == list(parent(model).state_dict())
+    parent(compiled).load_state_dict(parent(mlp(64, 3, seed=1)).state_dict())
+
+    partial = model.state_dict()
+    first = next(iter(partial))
+    del partial[first]
+    partial["extra"] = torch.zeros(1)
+    keys = compiled.load_state_dict(partial, strict=False)
+    assert (keys.missing_keys, keys.unexpected_keys) == ([first], ["extra"])
+
+
+@pytest.mark.parametrize("assign", [False, True])
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_weights_loaded_into_the_compiled_module_are_computed_with(
+    budget: str, assign: bool, tmp_path: Path
+) -> None:
+    """``compiled.load_state_dict(other)`` (a fine-tune of the model): the next calls run on
+    the loaded weights, wherever the plan keeps them; on the disk tier the graph is planned
+    again with them. Loading the first ones back runs on those."""
+    _, compiled, x = _compiled(budget, tmp_path)
+    first = mlp(256, 6)
+    other = mlp(256, 6, seed=1)
+    with torch.no_grad():
+        compiled.load_state_dict(other.state_dict(), assign=assign)
+        torch.testing.assert_close(compiled(x), other(x))
+        compiled.load_state_dict(first.state_dict())
+        torch.testing.assert_close(compiled(x), first(x))
+
+
+def test_a_load_that_fails_for_one_weight_leaves_the_compiled_module_on_the_models_bytes(
+    tmp_path: Path,
+) -> None:
+    """A state dict with one weight of the wrong shape is refused by torch after it copied
+    the others: the compiled module computes with what the model now holds, the loaded
+    weights and the first bytes of the refused one (read from disk), never with memory
+    nothing was copied into."""
+    model, compiled, x = _compiled("disk", tmp_path)
+    other = mlp(256, 6, seed=1).state_dict()
+    bad = next(k for k, v in other.items() if v.dim() == 2)
+    other[bad] = torch.zeros(3, 3)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        compiled.load_state_dict(other)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_loading_weights_again_and_again_keeps_one_store_on_disk(tmp_path: Path) -> None:
+    """Each load into a model planned on the disk tier writes the new weights' store; the
+    store of the weights before, which none of the process's tensors maps any more, is
+    deleted, so a process that swaps weights does not fill the disk. A store another
+    model's tensors still map stays."""
+    model, compiled, x = _compiled("disk", tmp_path)
+    (first,) = tmp_path.iterdir()
+    for seed in (1, 2, 0):
+        other = mlp(256, 6, seed=seed)
+        compiled.load_state_dict(other.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), other(x))
+        assert len(list(tmp_path.iterdir())) == 1, list(tmp_path.iterdir())
+    assert list(tmp_path.iterdir()) == [first]
+
+    twin = mlp(256, 6)
+    twin_compiled = tt.compile(twin, **_options("disk", twin, tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(twin_compiled(x), twin(x))
+        compiled.load_state_dict(mlp(256, 6, seed=3).state_dict())
+        compiled(x)
+    assert first in list(tmp_path.iterdir()) and len(list(tmp_path.iterdir())) == 2
+    del model
