@@ -367,6 +367,39 @@ class CostGraph:
             object.__setattr__(self, "_digest", known)
         return known
 
+    def structure_digest(self) -> str:
+        """A hash of the graph with its sizes left out (each node's FLOPs, bytes and rows,
+        each storage's and state's bytes and shape, the sizes assumed for symbols): the
+        same graph traced at other shapes (another batch, another prompt length) has the
+        same one, so a saved plan's decisions can be replayed on it."""
+        known: str | None = self.__dict__.get("_structure_digest")
+        if known is None:
+            sized = ("flops", "out_bytes", "alloc_bytes", "bytes_accessed", "rows")
+            known = digest(
+                {
+                    "format_version": COST_GRAPH_FORMAT_VERSION,
+                    "nodes": [
+                        {k: v for k, v in _node_json(n).items() if k not in sized}
+                        for n in self.nodes
+                    ],
+                    "params": [dataclasses.asdict(p) for p in self.params],
+                    "output_ids": list(self.output_ids),
+                    "storages": [(s.first, s.last) for s in self.storages],
+                    "assumed_sizes": sorted(self.assumed_sizes),
+                    "runs_with": list(self.runs_with),
+                    "state": [
+                        {
+                            k: v
+                            for k, v in dataclasses.asdict(r).items()
+                            if k not in ("nbytes", "shape")
+                        }
+                        for r in self.state
+                    ],
+                }
+            )
+            object.__setattr__(self, "_structure_digest", known)
+        return known
+
     def to_native(
         self,
         param_home: Sequence[str] | None = None,

@@ -478,6 +478,28 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
     if saved is None:  # already warned about
         return
     path = session.saved_plan().path
+    if not saved.plan_hash:  # saved for this graph at other sizes
+        made = Decisions.of(plan.native, plan.split, plan.chunk_bytes)
+        if dataclasses.replace(made, plan_hash="") == saved:
+            log.info(
+                "graph %d: plan %s made from %s's decisions for this graph at other sizes",
+                plan.graph_index,
+                plan.plan_hash,
+                path,
+            )
+            return
+        exc = StalePlanError(
+            f"{path} has this graph's plan at other sizes (a model called first with other "
+            "shapes than before saving, a prompt of another length, traces it at these), "
+            "and its decisions do not apply at these sizes: "
+            f"{plan.replay_refused or 'they give other decisions at these sizes.'} Call "
+            'it first with the shapes it was saved with, or load with replan="auto" to plan '
+            "it now"
+        )
+        if session.settings.replan == "error":
+            raise exc
+        warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
+        return
     if saved.plan_hash != plan.plan_hash:
         exc = StalePlanError(
             f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "

@@ -1,14 +1,15 @@
 """Plans as files: what a saved plan holds, and the check that it still applies.
 
-A saved plan records, per graph, the graph's hash (of its cost graph as traced), the
-plan hash, the planner's decisions (``decisions.Decisions``, the form the plan cache
-stores too), a readable copy of them (placement, residency, the prefetch/evict
-schedule) and the prediction; and, once, the format version, the torch and
-TensorTorrent versions, the hardware fingerprint, a hash of the profile's figures
-and the settings. Reloading replays the decisions, without searching, and checks
-that the same plan hash comes out; anything that changed is named. The text of
-``explain()`` is kept as it read when saved, so ``tensortorrent explain
-plan.json`` prints it without the model.
+A saved plan records, per graph, the graph's hash (of its cost graph as traced) and its hash
+without sizes (the same graph traced at other shapes has the same), the plan hash, the
+planner's decisions (``decisions.Decisions``, the form the plan cache stores too), a
+readable copy of them (placement, residency, the prefetch/evict schedule) and the
+prediction; and, once, the format version, the torch and TensorTorrent versions, the
+hardware fingerprint, a hash of the profile's figures and the settings. Reloading replays
+the decisions, without searching, and checks that the same plan hash comes out (a graph the
+file has at other sizes replays its decisions, which give a plan of those sizes); anything
+that changed is named. The text of ``explain()`` is kept as it read when saved, so
+``tensortorrent explain plan.json`` prints it without the model.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def graph_record(plan: GraphPlan) -> dict[str, Any]:
         )
     return {
         "graph_hash": plan.traced.digest(),
+        "structure_hash": plan.traced.structure_digest(),
         "plan_hash": plan.plan_hash,
         "decisions": Decisions.of(native, plan.split, plan.chunk_bytes).to_json(),
         "chosen": native.chosen,
@@ -102,12 +104,21 @@ class SavedPlan:
     explain: str
 
     def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
+        """The record of ``cost``; else of the same graph traced at other sizes (the first
+        saved: Dynamo traces a model's first call for its shapes alone, so a loaded model
+        called first with other shapes, a prompt of another length, traces the graph the
+        file has at other sizes); ``None`` when the file has neither."""
         wanted = cost.digest()
-        return next((g for g in self.graphs if g["graph_hash"] == wanted), None)
+        exact = next((g for g in self.graphs if g["graph_hash"] == wanted), None)
+        if exact is not None:
+            return exact
+        structure = cost.structure_digest()
+        return next((g for g in self.graphs if g.get("structure_hash") == structure), None)
 
     def check(self, cost: CostGraph, profile: HostProfile) -> Decisions:
         """The saved decisions for this graph; raises :class:`StalePlanError` saying what
-        changed."""
+        changed. Those of the same graph saved at other sizes have no plan hash (``""``):
+        they make a plan of other sizes, of another hash."""
         record = self.record_for(cost)
         if record is None:
             known = ", ".join(g["graph_hash"] for g in self.graphs)
@@ -131,7 +142,10 @@ class SavedPlan:
                 f"{self.path} was planned with other device rates (profile "
                 f"{self.profile_hash}, now {profile_hash(profile)}): re-measured or edited"
             )
-        return Decisions.from_json(record["decisions"])
+        decisions = Decisions.from_json(record["decisions"])
+        if record["graph_hash"] != cost.digest():
+            return dataclasses.replace(decisions, plan_hash="")
+        return decisions
 
 
 def save(
@@ -194,6 +208,8 @@ def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
             raise TypeError(f"graphs[{i}] is {type(record).__name__}, not an object")
         for key in ("graph_hash", "plan_hash"):
             _field(record, key, str, f"graphs[{i}].")
+        if "structure_hash" in record:  # files saved before it was recorded lack it
+            _field(record, "structure_hash", str, f"graphs[{i}].")
         Decisions.from_json(_field(record, "decisions", dict, f"graphs[{i}]."))
     return SavedPlan(
         path=path,

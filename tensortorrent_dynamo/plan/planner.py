@@ -275,6 +275,9 @@ class GraphPlan:
     # its plan (``None``: it did not fit, or planned no weight in chunks)
     chunk_bytes: int | None = None
     other_chunk_plans: tuple[tuple[int, float | None], ...] = ()
+    # why the recorded decisions it was given (a saved plan's, the plan cache's) did not
+    # replay, so that it was searched ("" where they did, or none were given)
+    replay_refused: str = ""
 
     @property
     def plan_hash(self) -> str:
@@ -555,8 +558,9 @@ def plan_graph(
         )
         decisions, source = plan_cache.lookup(entry), "the plan cache"
     native = None
+    replay_refused = ""
     if decisions is not None:
-        native = _replay(
+        native, replay_refused = _replay(
             planner, cost, split, native_devices, settings, host_compute, decisions, keys
         )
         if native is not None:
@@ -639,6 +643,7 @@ def plan_graph(
         follows=follows,
         alone_predicted_s=alone,
         chunk_bytes=split.chunk_bytes if chose_split and split is not None else None,
+        replay_refused=replay_refused,
     )
 
 
@@ -824,23 +829,22 @@ def _replay(
     host_compute: bool,
     decisions: Decisions,
     keys: Sequence[RateKey],
-) -> _planner.Plan | None:
+) -> tuple[_planner.Plan | None, str]:
     """The plan ``decisions`` make, rebuilt without searching; ``None`` (with a warning)
-    when they no longer apply or give another plan."""
+    and why, when they no longer apply or give another plan."""
     graph = split.cost if decisions.split and split is not None else cost
     if decisions.split and split is None:
-        log.warning("recorded decisions are for a split graph this one does not have: searching")
-        return None
+        why = "they are for a split graph this one does not have"
+        log.warning("recorded decisions do not replay (%s): searching", why)
+        return None, why
     try:
         native = replay_decisions(graph, devices, settings, host_compute, decisions, keys)
     except (InvalidPlacement, PlanInfeasible) as exc:
         log.warning("recorded decisions do not replay (%s): searching", exc)
-        return None
-    if native.plan_hash != decisions.plan_hash:
-        log.warning(
-            "recorded decisions replay to plan %s, not %s: searching",
-            native.plan_hash,
-            decisions.plan_hash,
-        )
-        return None
-    return native
+        return None, str(exc)
+    # decisions of no plan hash were made for this graph at other sizes (``plan.files``)
+    if decisions.plan_hash and native.plan_hash != decisions.plan_hash:
+        why = f"they replay to plan {native.plan_hash}, not {decisions.plan_hash}"
+        log.warning("recorded decisions do not replay (%s): searching", why)
+        return None, why
+    return native, ""

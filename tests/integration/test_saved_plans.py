@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -103,11 +104,14 @@ def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:
         torch.testing.assert_close(compiled(x), other(x))
 
 
-def test_calls_in_another_order_than_saved_are_refused_saying_why(tmp_path: Path) -> None:
+def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_sizes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Dynamo traces the first call for its shapes alone and a second call of other shapes
     for any: saved after batch 4 then batch 8, a model loaded and called with batch 8 first
-    has a graph the file lacks. The refusal says the order may be why and what to do; in
-    the saved order the plans are replayed, and replan="auto" plans the new graph."""
+    traces the batch-4 graph at batch 8. The file has that graph at other sizes: its
+    decisions are replayed at these (said in the log), and the calls equal eager's. Where
+    they do not fit at these sizes, the refusal says so and why; replan="auto" plans it."""
     small, large = torch.randn(4, 64), torch.randn(8, 64)
     model = mlp(64, 3)
     with torch.no_grad():
@@ -123,9 +127,11 @@ def test_calls_in_another_order_than_saved_are_refused_saying_why(tmp_path: Path
 
     torch._dynamo.reset()
     loaded = tt.load(path, mlp(64, 3))
-    refused = pytest.raises(tt.StalePlanError, match=r"(?s)another order.*replan=\"auto\"")
-    with torch.no_grad(), refused:
-        loaded(large)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="tensortorrent_dynamo"):
+        torch.testing.assert_close(loaded(large), expected[1])
+        torch.testing.assert_close(loaded(small), expected[0])
+    assert any("at other sizes" in r.getMessage() for r in caplog.records)
+    assert loaded.plan_hashes()[0] != saved[0]
 
     torch._dynamo.reset()
     loaded = tt.load(path, mlp(64, 3))
@@ -134,10 +140,18 @@ def test_calls_in_another_order_than_saved_are_refused_saying_why(tmp_path: Path
         torch.testing.assert_close(loaded(large), expected[1])
     assert loaded.plan_hashes() == saved
 
+    # a batch whose activations do not fit beside the weights the saved decisions keep
+    huge = torch.randn(256, 64)
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 3))
+    refused = pytest.raises(tt.StalePlanError, match=r"(?s)at other sizes.*replan=\"auto\"")
+    with torch.no_grad(), refused:
+        loaded(huge)
+
     torch._dynamo.reset()
     loaded = tt.load(path, mlp(64, 3), replan="auto")
     with torch.no_grad(), pytest.warns(tt.TensorTorrentWarning, match="planned again"):
-        torch.testing.assert_close(loaded(large), expected[1])
+        torch.testing.assert_close(loaded(huge), model(huge))
 
 
 def test_other_hardware_is_refused(tmp_path: Path) -> None:

@@ -305,9 +305,12 @@ def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
     module's backend for the call, so its prefill and decode graphs are the module's (in
     ``explain()``, saved by ``save()``). Generated again with the saved plans (``tt.load``,
     a fresh copy of the model, after ``torch._dynamo.reset()``), the tokens are eager's
-    and the plans the saved ones; the model's own forward is left as it was."""
+    and the plans the saved ones; the model's own forward is left as it was. Loaded again
+    and given a shorter prompt first, its graphs are the saved ones at other sizes: their
+    decisions are replayed (a search would be refused), and the tokens are eager's."""
     model = BY_NAME[name].build()
     fresh, reference = copy.deepcopy(model), copy.deepcopy(model)
+    another = copy.deepcopy(model)
     opts = disk_options(model, tmp_path / "offload") if budget == "disk" else options(budget, model)
     prompt = _prompts()[1]
     kwargs = {**_generate_kwargs("static"), "input_ids": prompt}
@@ -327,6 +330,14 @@ def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
         replayed = tt.load(tmp_path / "plan.json", fresh)
         torch.testing.assert_close(replayed.generate(**kwargs), expected, rtol=0, atol=0)
     assert replayed.plan_hashes() == hashes
+
+    torch._dynamo.reset()
+    shorter = {**kwargs, "input_ids": prompt[:, :6]}
+    with torch.no_grad():
+        expected = reference.generate(**shorter, disable_compile=True)
+        replayed = tt.load(tmp_path / "plan.json", another)
+        torch.testing.assert_close(replayed.generate(**shorter), expected, rtol=0, atol=0)
+    assert len(replayed.plan_hashes()) == len(hashes)
 
 
 @pytest.mark.corpus
