@@ -326,7 +326,8 @@ class Plan:
         ``(device, bytes, resident, live, reached_by)``; each piece of ``live`` is
         ``(what, index, bytes)`` and ``reached_by`` ``(what, index)`` or ``None``, with
         ``what`` one of ``"weight"`` and ``"staging"`` (by parameter) and ``"value"`` (by
-        node)."""
+        node; for ``reached_by`` also ``"copy"``, a node's value copied from another
+        device)."""
     @property
     def lower_bound_s(self) -> float:
         """The busiest resource's seconds of work (no schedule is faster)."""

@@ -52,6 +52,8 @@ def _peak(graph: CostGraph, devices: Sequence[str], raw: Any) -> PeakUse:
         return tuple((params[i].fqn, b) for k, i, b in live if k == kind)
 
     def what(kind: str, index: int) -> str:
+        if kind == "copy":
+            return f"a copy of {_node(graph, index)} arrives from another device"
         if kind == "value" and graph.nodes[index].is_graph_input:
             return f"{_node(graph, index)} is passed in"
         if kind == "value":

@@ -9,7 +9,8 @@ const ERRORS_MODULE: &str = "tensortorrent_dynamo.errors";
 
 /// One device's peak as the package reads it, by index (`plan.peaks` names them):
 /// `(device, bytes, resident, live, reached_by)`, each piece of `live` and `reached_by`
-/// as `(what, index[, bytes])` with `what` one of `"weight"`, `"staging"`, `"value"`.
+/// as `(what, index[, bytes])` with `what` one of `"weight"`, `"staging"`, `"value"` (and,
+/// for `reached_by` only, `"copy"`: a value's copy from another device).
 pub(crate) type PeakTuple = (
     u32,
     u64,

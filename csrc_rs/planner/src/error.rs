@@ -63,9 +63,12 @@ pub enum Held {
     /// A host buffer a disk read of a parameter lands in before it is
     /// copied on to an accelerator (indexed by parameter).
     Staging,
-    /// A node's value: made there, copied there, or a spilled value's host
-    /// copy or reload (indexed by node).
+    /// A node's value made there (indexed by node).
     Value,
+    /// A copy of a node's value made elsewhere: copied there to be used or
+    /// as an output, a spilled value's host copy or its reload (indexed by
+    /// node; its bytes are the value's on that device, as `Value`'s).
+    Copy,
 }
 
 impl Held {
@@ -76,6 +79,7 @@ impl Held {
             Self::Weight => "weight",
             Self::Staging => "staging",
             Self::Value => "value",
+            Self::Copy => "copy",
         }
     }
 }

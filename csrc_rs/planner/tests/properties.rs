@@ -390,6 +390,14 @@ fn check_peaks(
             let limit = match held {
                 Held::Value => g.num_nodes(),
                 Held::Weight | Held::Staging => g.num_params(),
+                Held::Copy => panic!("case {case}: live bytes are a value's, never a copy's"),
+            };
+            assert!((index as usize) < limit, "case {case}: {peak:?}");
+        }
+        if let Some((held, index)) = peak.reached_by {
+            let limit = match held {
+                Held::Value | Held::Copy => g.num_nodes(),
+                Held::Weight | Held::Staging => g.num_params(),
             };
             assert!((index as usize) < limit, "case {case}: {peak:?}");
         }

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tensortorrent as tt
+from tensortorrent_dynamo.plan.peaks import named_peaks
 from tensortorrent_dynamo.units import format_bytes
 from tests.models import mlp
 
@@ -93,3 +94,18 @@ def test_a_plan_says_what_its_peaks_hold() -> None:
     (virtual,) = [p for p in plan.peaks if p.device == "virtual:0"]
     assert virtual.streamed, "40 KiB holds two of the three layers: some weight streams"
     assert f"virtual:0's peak of {format_bytes(virtual.bytes)}" in compiled.explain()
+
+
+def test_a_peak_reached_by_a_copy_says_it_arrives() -> None:
+    """A peak the arrival of a value's copy makes (from another device: to be used there, or
+    as an output) names the copy, not the node, which runs elsewhere."""
+    torch._dynamo.reset()
+    model, x = mlp(64, 3), torch.randn(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **_options("40KiB"))
+    (graph,) = compiled.graphs
+    cost = graph.plan.cost
+    relu = next(i for i, n in enumerate(cost.nodes) if n.name == "relu")
+    raw = (0, 1024, [], [("value", relu, 1024)], ("copy", relu))
+    (peak,) = named_peaks(cost, ["virtual:0"], [raw])
+    assert peak.reached_by == "a copy of relu (1) arrives from another device"
+    assert peak.activations == (("relu (1)", 1024),)

@@ -920,7 +920,7 @@ impl Workspace {
             let copy = bytes as f64 / devices[spill.device as usize].h2d_bytes_per_s;
             clock
                 .mem
-                .push(spill.device, at, bytes, true, Held::Value, spill.node);
+                .push(spill.device, at, bytes, true, Held::Copy, spill.node);
             let (_, end) = clock.queues.run(
                 Resource::HostToDevice(spill.device),
                 at.max(on_host),
@@ -1089,7 +1089,7 @@ impl Workspace {
                 activity,
                 x as u32,
             );
-            clock.mem.push(HOST, cs, out, true, Held::Value, x as u32);
+            clock.mem.push(HOST, cs, out, true, Held::Copy, x as u32);
             self.instances[lo].floor = self.instances[lo].floor.max(ce);
             host_copy = Some(self.instances.len());
             // a spilled value's host copy is freed by its reload
@@ -1149,7 +1149,7 @@ impl Workspace {
                 Activity::Value,
                 x as u32,
             );
-            clock.mem.push(cd, cs, out, true, Held::Value, x as u32);
+            clock.mem.push(cd, cs, out, true, Held::Copy, x as u32);
             self.instances[src].floor = self.instances[src].floor.max(ce);
             let remaining = self.releases(cd);
             self.instances.push(Instance {
@@ -1242,7 +1242,7 @@ impl Workspace {
                     Activity::Output,
                     x as u32,
                 );
-                clock.mem.push(HOST, cs, out, true, Held::Value, x as u32);
+                clock.mem.push(HOST, cs, out, true, Held::Copy, x as u32);
                 ce = end;
             }
             if home != HOST {
@@ -1254,7 +1254,7 @@ impl Workspace {
                     Activity::Output,
                     x as u32,
                 );
-                clock.mem.push(home, cs, out, true, Held::Value, x as u32);
+                clock.mem.push(home, cs, out, true, Held::Copy, x as u32);
                 ce = end;
             }
             clock.last_output = clock.last_output.max(ce);

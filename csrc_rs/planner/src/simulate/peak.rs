@@ -72,7 +72,7 @@ fn contents(
     // the bytes each value, streamed weight and staging buffer holds then
     // (indexed by slot: nodes, then weights, then staging buffers)
     let slot = |held: Held, index: u32| match held {
-        Held::Value => index as usize,
+        Held::Value | Held::Copy => index as usize,
         Held::Weight => nodes + index as usize,
         Held::Staging => nodes + params + index as usize,
     };
