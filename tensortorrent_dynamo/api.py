@@ -232,7 +232,8 @@ def _keys_of_the_model(
             and not value.is_meta
         ):
             # a weight whose bytes are on disk takes the new ones in RAM of its own (where
-            # torch can copy them, so none is left unwritten), and is planned again with them
+            # torch can copy them, so none is left unwritten), and is planned again with
+            # them; written where it is, it would be too, at the cost of a copy more
             own_memory(tensor)
 
 

@@ -37,7 +37,7 @@ from .session import CompiledGraph, Session, make_resident, share_resident, shar
 from .units import format_bytes
 from .weights.disk import place_on_disk, released_weights, whole_weights
 from .weights.pinning import pin_streamed_weights
-from .weights.released import released_location
+from .weights.released import own_written_bytes, released_location
 
 log = logging.getLogger(__name__)
 plan_log = torch._logging._internal.getArtifactLogger(__name__, PLAN_ARTIFACT)
@@ -68,6 +68,9 @@ def plan_and_compile(
     # the plan is made for these tensors: another module's, of the same code and costs,
     # are another instance (``instances.py``)
     tensors = [example_inputs[p.arg_index] for p in cost.params]
+    # weights written in place since they were released (a recompile after an adapter was
+    # merged) take those bytes into RAM first: planned where they are, not read from disk
+    own_written_bytes(tensors)
     # Inductor's segments assert the input layouts they were traced with
     layouts = traced_layouts(gm) if settings.compiler == "inductor" else ""
     source = (digest(gm.code, 64), cost.digest(), layouts)

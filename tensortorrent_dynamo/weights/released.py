@@ -17,17 +17,19 @@ outside the compiled graphs (``generate()`` runs an encoder-decoder's encoder ea
 a user calls the original module) reads them through the page cache, unverified and outside
 the budgets, where it would otherwise fail deep inside torch on a tensor with no storage.
 A write to the tensor copies the pages it touches into RAM and never reaches the file, so
-the compiled graphs, which read the file, would run on the old bytes: a tensor written in
-place since it was released (its version counter moved: the model's own ``load_state_dict``,
-an in-place op) or given other bytes (``.data = ...``, ``module.to(dtype)``, an adapter
-merged) is refused by :func:`check_released` before the runtime reads it; a tensor given
-other bytes holds its own again (:func:`released_location` is ``None``), so a graph planned
-after that plans it anew. A write in place through ``.data`` (``p.data += delta``, an
-adapter merged in place) moves no version counter, but the pages it touches are copied out
-of the file's mapping: the process's page map (:mod:`..io.pagemap`) shows them, and where
-their bytes differ from the file's the tensor was written (on Linux; elsewhere such a write
-goes unseen). Where the file cannot be mapped (no ``mmap``, a damaged file), the storage is
-empty.
+the compiled graphs, which read the file, would run on the old bytes. A tensor given other
+bytes (``.data = ...``, ``module.to(dtype)``, an adapter merged) holds its own again
+(:func:`released_location` is ``None``): a plan that reads it from disk is refused by
+:func:`check_released` before the runtime reads it (``ReplacedWeightError``), and its graph
+planned again, where it is now. A tensor written in place since it was released (its version
+counter moved: the model's own ``load_state_dict``, an in-place op; or through ``.data``,
+``p.data += delta``, an adapter merged in place, which moves no version counter but copies
+the pages it touches out of the file's mapping: the process's page map (:mod:`..io.pagemap`)
+shows them, and where their bytes differ from the file's the tensor was written; on Linux,
+elsewhere such a write goes unseen) is made one given other bytes: :func:`own_written_bytes`
+gives it RAM of its own holding its bytes as the model sees them, at the disk read that
+finds it (for every weight so written) or before a graph is planned (for its weights). Where
+the file cannot be mapped (no ``mmap``, a damaged file), the storage is empty.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ import logging
 import mmap
 import os
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import CheckpointError, OffloadError, ReplacedWeightError
+from ..errors import CheckpointError, ReplacedWeightError
 from ..io.locations import FileGuard, TensorLocation, dense
 from ..io.page_cache import PAGE_BYTES
 from ..io.pagemap import copied_ranges, pages_copied
@@ -270,29 +273,46 @@ def mapped_directories() -> set[Path]:
 
 def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
     """Raise unless ``tensor`` is the released tensor whose bytes are at ``location``, where a
-    plan reads its weight from, unchanged since: :class:`OffloadError` for one written in
-    place since its bytes were stored there (or the weight a row chunk is of), whose new
-    bytes the file does not hold; :class:`ReplacedWeightError` for one holding other bytes
-    (given them since, or released elsewhere), which a plan made now would read from where
-    they are."""
+    plan reads its weight from, unchanged since: :class:`ReplacedWeightError` for one holding
+    other bytes (given them since, or released elsewhere), which a plan made now reads from
+    where they are, and for one written in place since its bytes were stored there (or the
+    weight a row chunk is of): the file does not hold its new bytes, so the weight is given
+    RAM of its own holding them (its bytes as the model sees them: the pages written, the
+    file's elsewhere), and is then one given other bytes."""
     record = _record(tensor)
     if record is not None and record.location == location and record.holds(tensor):
         if record.unchanged(tensor):
             return
-        raise OffloadError(
+        own_written_bytes()
+        raise ReplacedWeightError(
             f"{location.key}: the model's tensor was written in place after its bytes were "
-            f"moved to {location.path} (an in-place op, the model's ``load_state_dict``, a "
-            "write through ``.data`` such as an adapter merged into it), and the compiled "
-            "graphs read them "
-            "from there, so they would run on the old weights. Load new weights through the "
-            "module ``tt.compile`` returned (its ``load_state_dict``), or into the model "
-            "before compiling it (merge adapters before compiling), or compile a new model"
+            f"moved to {location.path} (an in-place op, ``load_state_dict``, a write through "
+            "``.data`` such as an adapter merged into it): it now holds its bytes in RAM, "
+            "and the graphs that read it from disk are planned again with them"
         )
     raise ReplacedWeightError(
         f"{location.key}: the model's tensor holds other bytes than those its plan reads from "
         f"{location.path}: it was given them after the plan was made (``.data = ...``, "
         "``module.to(dtype)``, an adapter merged into it)"
     )
+
+
+def own_written_bytes(tensors: Iterable[torch.Tensor] | None = None) -> None:
+    """Give each released tensor of ``tensors`` (every live one by default) written in place
+    since it was released (or whose weight, for a row chunk, was) RAM of its own holding its
+    bytes as the model sees them (the pages written, the file's elsewhere): it is then one
+    given other bytes, planned where it is. A write is often to many weights at once (a
+    state dict loaded, adapters merged): found at a disk read, all are taken at once, so
+    that a graph is planned again once."""
+    if tensors is None:
+        pairs = list(_released.items())  # type: ignore[no-untyped-call]
+    else:
+        pairs = [(t, r) for t in tensors if (r := _record(t)) is not None]
+    for tensor, record in pairs:
+        if record.holds(tensor) and not record.unchanged(tensor):
+            whole = record._whole()
+            written = tensor if whole is None else whole[0]
+            written.data = written.data.clone()
 
 
 def _remember(
@@ -318,9 +338,9 @@ def release(tensor: torch.Tensor, location: TensorLocation) -> None:
 
 def own_memory(tensor: torch.Tensor) -> None:
     """Give a released tensor RAM of its own, uninitialised, for bytes about to be copied
-    into it (``CompiledModule.load_state_dict``): they are then the tensor's, not a write
-    over its file's mapping that the compiled graphs would never read, and a plan that reads
-    it from disk sees a weight given other bytes, planned again with them."""
+    into it (``CompiledModule.load_state_dict``): it is then one given other bytes, planned
+    again with them, without the copy-on-write of the file's pages and the copy of them
+    that :func:`own_written_bytes` makes of a tensor written where it is."""
     if released_location(tensor) is not None:
         tensor.data = torch.empty_like(tensor)
 

@@ -4,7 +4,6 @@ back each run; a meta-device model runs from its safetensors checkpoint."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -34,25 +33,26 @@ def _compile(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path, **options:
 
 @pytest.mark.parametrize("through_data", [False, True], ids=["in_place", "through_data"])
 @pytest.mark.parametrize("chunk", [0, 2**16])
-def test_a_weight_written_in_place_after_it_was_moved_to_disk_is_refused(
+def test_a_weight_written_in_place_after_it_was_moved_to_disk_is_read_as_written(
     tmp_path: Path, chunk: int, through_data: bool
 ) -> None:
-    """A released weight maps its stored bytes copy-on-write, so a write to it (as
-    ``load_state_dict`` makes it, or through ``.data`` as an adapter merged in place, which
-    moves no version counter) would leave the compiled graphs reading the old bytes: the
-    next call refuses, naming the weight, rather than run on stale weights. Whole weights
-    and weights read in row chunks alike."""
+    """A released weight maps its stored bytes copy-on-write, so a write to it (as the
+    model's own ``load_state_dict`` makes it, or through ``.data`` as an adapter merged in
+    place, which moves no version counter) never reaches the store the compiled graphs read:
+    the next call sees it, gives the weight RAM of its own holding its bytes as written, and
+    plans again, so that it computes with them. Whole weights and weights read in row chunks
+    alike."""
     model, x = mlp(256, 8), torch.randn(16, 256)
     compiled = _compile(
         model, x, tmp_path, budgets={"cpu": _host_budget(model)}, stream_chunk_bytes=chunk
     )
     with torch.no_grad():
         compiled(x)
-    name, weight = next((n, p) for n, p in model.named_parameters() if holds_its_file(p))
+    weight = next(p for p in model.named_parameters() if holds_its_file(p[1]))[1]
     with torch.no_grad():
         (weight.data if through_data else weight).mul_(2.0)
-        with pytest.raises(tt.OffloadError, match=rf"{re.escape(name)}.*written in place"):
-            compiled(x)
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
 
 
 def test_weights_beyond_the_host_budget_stream_from_disk(tmp_path: Path) -> None:

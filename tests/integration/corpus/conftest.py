@@ -56,7 +56,7 @@ _CASE_KEYS = {
     "test_entry_built_under_inference_mode_matches_eager": (
         "built under inference_mode budget={budget}"
     ),
-    "test_entry_with_an_adapter_merged_after_compiling_matches_eager_or_is_refused": (
+    "test_entry_with_an_adapter_merged_after_compiling_matches_eager": (
         "adapter merged after compiling budget={budget}"
     ),
     "test_entry_built_on_meta_runs_from_the_checkpoint_it_saved": (

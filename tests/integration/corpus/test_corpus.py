@@ -516,15 +516,16 @@ LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "t5": ["q", "v"], "bert": ["query
 )
 # PEFT asks transformers' model a question transformers renamed
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_entry_with_an_adapter_merged_after_compiling_matches_eager_or_is_refused(
+def test_entry_with_an_adapter_merged_after_compiling_matches_eager(
     entry: Entry, budget: str, tmp_path: Path
 ) -> None:
     """A PEFT LoRA adapter merged after compiling (``merge_adapter()`` adds its product to
     each weight through ``.data``: no version counter moves, no address changes), then
     unmerged: each call matches the model run eagerly. Before, the copies kept on the
     accelerator were of the unmerged weights (a wrong answer, silently). On the disk tier a
-    merged weight whose bytes were moved to disk is refused, naming it: its new bytes are
-    pages copied out of the file's mapping, which the plan does not read."""
+    merged weight whose bytes were moved to disk holds its new bytes in pages copied out of
+    the file's mapping, which the plan does not read: they are seen, taken into RAM of the
+    weight's own, and the graph planned again with them."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=4, target_modules=LORA_TARGETS[entry.name], init_lora_weights=False)
@@ -534,14 +535,9 @@ def test_entry_with_an_adapter_merged_after_compiling_matches_eager_or_is_refuse
     kwargs = entry.inputs(0)
     with torch.no_grad():
         assert_same(compiled(**kwargs), model(**kwargs), "with the adapter")
-        merged = [n for n, p in model.named_parameters() if "base_layer.weight" in n]
-        on_disk = [n for n, p in model.named_parameters() if n in merged and holds_its_file(p)]
+        if budget == "disk":
+            assert any(holds_its_file(p) for n, p in model.named_parameters() if "base_layer" in n)
         model.merge_adapter()
-        if on_disk:
-            with pytest.raises(tt.OffloadError, match="written in place") as raised:
-                compiled(**kwargs)
-            assert any(n.split("base_model.", 1)[-1] in str(raised.value) for n in on_disk)
-            return
         assert_same(compiled(**kwargs), model(**kwargs), "merged")
         model.unmerge_adapter()
         assert_same(compiled(**kwargs), model(**kwargs), "unmerged")

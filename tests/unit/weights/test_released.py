@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from tensortorrent_dynamo.errors import CheckpointError, OffloadError, ReplacedWeightError
+from tensortorrent_dynamo.errors import CheckpointError, ReplacedWeightError
 from tensortorrent_dynamo.io import pagemap
 from tensortorrent_dynamo.io.locations import TensorLocation
 from tensortorrent_dynamo.io.safetensors import write_safetensors
@@ -304,9 +304,12 @@ def test_a_disk_read_is_only_for_the_tensor_released_there(tmp_path: Path) -> No
         with pytest.raises(ReplacedWeightError, match="holds other bytes than those its plan"):
             released.check_released(other, written["a"])
     tensors["a"].add_(1)
-    with pytest.raises(OffloadError, match="written in place") as raised:
+    with pytest.raises(ReplacedWeightError, match="written in place"):
         released.check_released(tensors["a"], written["a"])
-    assert not isinstance(raised.value, ReplacedWeightError), "planning again cannot mend it"
+    # it now holds its new bytes in RAM of its own: a plan made now plans it where it is
+    assert released_location(tensors["a"]) is None
+    assert torch.equal(tensors["a"], torch.full((8,), 2.0))
+    assert released_location(tensors["b"]) == written["b"]
 
 
 @pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="Linux's page map")
@@ -315,9 +318,11 @@ def test_a_write_through_data_is_seen_where_its_bytes_differ_from_the_file(
 ) -> None:
     """``p.data += delta`` (an adapter merged in place) moves no version counter and keeps
     the address; the pages it wrote are copied out of the file's mapping, and their bytes
-    differ from the file's: refused, for the weight and for rows of it that were written,
-    not for rows that were not, nor for a neighbour sharing a written page, nor for a
-    weight written over with its own values."""
+    differ from the file's: seen for the weight and for rows of it that were written, not
+    for rows that were not, nor for a neighbour sharing a written page, nor for a weight
+    written over with its own values. Once seen, every weight written so gets RAM of its
+    own holding its bytes as the model sees them (planned again with them); the others stay
+    released."""
     tensors = {
         "small": torch.arange(6, dtype=torch.float32),
         "big": torch.randn(256, 64),
@@ -332,14 +337,13 @@ def test_a_write_through_data_is_seen_where_its_bytes_differ_from_the_file(
     big, location = tensors["big"], written["big"]
     top, bottom = released.released_rows(big, 0, 128), released.released_rows(big, 128, 256)
     assert top is not None and bottom is not None
+    expected = {k: t.clone() for k, t in tensors.items()}
 
     big.data.mul_(1.0)  # every page copied, every byte as it was
     released.check_released(big, location)
     big.data[200:] += 1.0  # the last rows only: moves no version counter
+    expected["big"][200:] += 1.0
     assert big._version == 0 and released_location(big) == location
-    for tensor, where in ((big, location), (bottom, location.rows(128, 256))):
-        with pytest.raises(OffloadError, match=r"written in place.*through ``\.data``"):
-            released.check_released(tensor, where)
     released.check_released(top, location.rows(0, 128))
     # "small" and "next" follow "big" in the file, on its last page, which was copied:
     # their bytes are the file's
@@ -347,8 +351,13 @@ def test_a_write_through_data_is_seen_where_its_bytes_differ_from_the_file(
     released.check_released(tensors["small"], written["small"])
     released.check_released(tensors["next"], written["next"])
     tensors["small"].data[5] = -1.0
-    with pytest.raises(OffloadError, match="written in place"):
-        released.check_released(tensors["small"], written["small"])
+    expected["small"][5] = -1.0
+    with pytest.raises(ReplacedWeightError, match=r"written in place.*through ``\.data``"):
+        released.check_released(bottom, location.rows(128, 256))
+    assert released_location(big) is None and released_location(tensors["small"]) is None
+    assert released_location(tensors["next"]) == written["next"]
+    for key, tensor in tensors.items():
+        assert torch.equal(tensor, expected[key]), key
 
 
 def test_a_tensor_given_other_bytes_holds_its_own_again(tmp_path: Path) -> None:
