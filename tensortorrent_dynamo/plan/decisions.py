@@ -25,7 +25,9 @@ _LISTS: dict[str, type] = {
 class Decisions:
     """What the search chose: the candidate's name (a label), each node's device, which
     parameters stream, which values spill, the prefetch depth and window, each parameter's
-    home tier, whether the graph cut into row chunks was planned, and the plan's hash."""
+    home tier, whether the graph cut into row chunks was planned, and the plan's hash (empty
+    for a saved plan's decisions for the same graph at other sizes, ``plan.files``: they
+    make a plan of another hash)."""
 
     chosen: str
     node_device: tuple[int, ...]
