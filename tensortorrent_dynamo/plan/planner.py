@@ -278,6 +278,8 @@ class GraphPlan:
     # why the recorded decisions it was given (a saved plan's, the plan cache's) did not
     # replay, so that it was searched ("" where they did, or none were given)
     replay_refused: str = ""
+    # where the decisions it replayed came from ("" where it was searched)
+    replayed_from: str = ""
 
     @property
     def plan_hash(self) -> str:
@@ -541,7 +543,9 @@ def plan_graph(
     chunked = native_graph(split.cost) if split is not None else None
     chose_split = False
     entry = ""
-    source = "the saved plan"
+    source = f"the saved plan {settings.plan}"
+    if decisions is not None and not decisions.plan_hash:
+        source += " (for this graph at other sizes)"
     if decisions is None and settings.plan_cache:
         entry = plan_cache.key(
             cost,
@@ -558,12 +562,13 @@ def plan_graph(
         )
         decisions, source = plan_cache.lookup(entry), "the plan cache"
     native = None
-    replay_refused = ""
+    replay_refused = replayed_from = ""
     if decisions is not None:
         native, replay_refused = _replay(
             planner, cost, split, native_devices, settings, host_compute, decisions, keys
         )
         if native is not None:
+            replayed_from = source
             chose_split = decisions.split
             log.info(
                 "graph %d: plan %s taken from %s, search skipped",
@@ -644,6 +649,7 @@ def plan_graph(
         alone_predicted_s=alone,
         chunk_bytes=split.chunk_bytes if chose_split and split is not None else None,
         replay_refused=replay_refused,
+        replayed_from=replayed_from,
     )
 
 

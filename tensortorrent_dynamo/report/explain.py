@@ -489,7 +489,8 @@ def explain_graph(graph: CompiledGraph) -> str:
         time = format_seconds(cand.predicted_time_s) if cand.feasible else "does not fit"
         mark = " (chosen)" if cand.name == native.chosen else ""
         families.setdefault(cand.family, []).append(f"{cand.name} {time}{mark}")
-    lines.append(f"  candidates ({native.report}):")
+    source = f"; the decisions of {plan.replayed_from}" if plan.replayed_from else ""
+    lines.append(f"  candidates ({native.report}{source}):")
     lines += [f"    {family}: " + " | ".join(c) for family, c in families.items()]
     bound = native.lower_bound_s
     ratio = f"{plan.predicted_time_s / bound:.2f}x" if bound > 0 else "-"

@@ -71,7 +71,7 @@ def test_a_saved_plan_is_replayed_not_searched(
     with caplog.at_level("INFO", logger="tensortorrent_dynamo"):
         compiled = tt.load(path, model, example_inputs=(x,))
     assert compiled.plan_hashes() == hashes
-    assert "taken from the saved plan, search skipped" in caplog.text
+    assert f"taken from the saved plan {path}, search skipped" in caplog.text
     (graph,) = compiled.graphs
     assert graph.plan.native.stop_reason.startswith("replayed")
 
@@ -132,6 +132,9 @@ def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_size
         torch.testing.assert_close(loaded(small), expected[0])
     assert any("at other sizes" in r.getMessage() for r in caplog.records)
     assert loaded.plan_hashes()[0] != saved[0]
+    assert f"the decisions of the saved plan {path} (for this graph at other sizes)" in (
+        loaded.explain()
+    )
 
     torch._dynamo.reset()
     loaded = tt.load(path, mlp(64, 3))
@@ -139,6 +142,7 @@ def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_size
         torch.testing.assert_close(loaded(small), expected[0])
         torch.testing.assert_close(loaded(large), expected[1])
     assert loaded.plan_hashes() == saved
+    assert loaded.explain().count(f"the decisions of the saved plan {path}):") == 2
 
     # a batch whose activations do not fit beside the weights the saved decisions keep
     huge = torch.randn(256, 64)
