@@ -198,7 +198,7 @@ def test_loading_weights_again_and_again_keeps_one_store_on_disk(tmp_path: Path)
     store of the weights before, which none of the process's tensors maps any more, is
     deleted, so a process that swaps weights does not fill the disk. A store another
     model's tensors still map stays."""
-    model, compiled, x = _compiled("disk", tmp_path)
+    _, compiled, x = _compiled("disk", tmp_path)
     (first,) = tmp_path.iterdir()
     for seed in (1, 2, 0):
         other = mlp(256, 6, seed=seed)
@@ -215,4 +215,3 @@ def test_loading_weights_again_and_again_keeps_one_store_on_disk(tmp_path: Path)
         compiled.load_state_dict(mlp(256, 6, seed=3).state_dict())
         compiled(x)
     assert first in list(tmp_path.iterdir()) and len(list(tmp_path.iterdir())) == 2
-    del model
