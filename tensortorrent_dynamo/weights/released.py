@@ -261,14 +261,15 @@ def released_location(tensor: torch.Tensor) -> TensorLocation | None:
     return None if record is None or not record.holds(tensor) else record.location
 
 
+def _live() -> list[tuple[torch.Tensor, _Released]]:
+    """Every live released tensor with its record (a snapshot: the caller may change them)."""
+    return list(_released.items())  # type: ignore[no-untyped-call]
+
+
 def mapped_directories() -> set[Path]:
     """The directories whose files hold the bytes of a live released tensor (one that still
     holds them): an offload store not among them holds nothing this process reads."""
-    return {
-        record.location.path.parent
-        for tensor, record in list(_released.items())  # type: ignore[no-untyped-call]
-        if record.holds(tensor)
-    }
+    return {record.location.path.parent for tensor, record in _live() if record.holds(tensor)}
 
 
 def check_released(tensor: torch.Tensor, location: TensorLocation) -> None:
@@ -305,7 +306,7 @@ def own_written_bytes(tensors: Iterable[torch.Tensor] | None = None) -> None:
     state dict loaded, adapters merged): found at a disk read, all are taken at once, so
     that a graph is planned again once."""
     if tensors is None:
-        pairs = list(_released.items())  # type: ignore[no-untyped-call]
+        pairs = _live()
     else:
         pairs = [(t, r) for t in tensors if (r := _record(t)) is not None]
     for tensor, record in pairs:
