@@ -317,13 +317,17 @@ def load(
     path: str | os.PathLike[str],
     model: torch.nn.Module,
     example_inputs: Sequence[Any] | None = None,
-    replan: str = "error",
+    replan: str = "new",
 ) -> CompiledModule:
     """Compile ``model`` with the plans saved at ``path`` (by ``CompiledModule.save``).
 
-    Each graph must be the one the plan was saved for, on the same hardware and
-    profile: otherwise ``StalePlanError`` says what changed, or, with
-    ``replan="auto"``, the graph is planned again with a warning saying why.
+    Each graph the file has must be the one the plan was saved for, on the same hardware
+    and profile: otherwise ``StalePlanError`` says what changed, or, with
+    ``replan="auto"``, the graph is planned again with a warning saying why. A graph the
+    file has at other sizes replays its decisions at these. A graph it lacks, of the model
+    it was saved for (one the saving session did not trace: Dynamo traces the calls of other
+    shapes, or in another order, as other graphs), is planned when traced, with a warning
+    (``replan="new"``), or refused (``UnsavedGraphError``, with ``replan="error"``).
     """
     saved = saved_plan.load(path)
     return compile(model, example_inputs, **saved.options, plan=str(path), replan=replan)

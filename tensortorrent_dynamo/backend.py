@@ -95,8 +95,7 @@ class TensorTorrentBackend:
                 def hooked(
                     compiled: CompiledGraph, given: GraphInputs, bounds: dict[str, int] | None
                 ) -> CompiledGraph:
-                    if session.settings.plan is None:  # a saved plan's are replayed as saved
-                        compiled.replan = Replanner(session, gm, given, frame, bounds)
+                    compiled.replan = Replanner(session, gm, given, frame, bounds)
                     return compiled
 
                 if not sizes:

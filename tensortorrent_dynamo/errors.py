@@ -113,6 +113,13 @@ class StalePlanError(TensorTorrentError):
     a graph's plan was made stale by another's and cannot be made again."""
 
 
+class UnsavedGraphError(StalePlanError):
+    """A saved plan has no plan for a graph of the model it was saved for: the session that
+    saved it did not trace that graph (Dynamo traces one for each new set of shapes, and one
+    for any shapes once a model was called with two). ``replan="new"`` (the default) plans
+    it when it is traced."""
+
+
 class InvalidPlacement(TensorTorrentError, ValueError):
     """A placement given to the simulator does not fit the graph or the devices."""
 

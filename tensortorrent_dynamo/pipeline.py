@@ -21,7 +21,13 @@ import torch.fx
 from ._logs import PLAN_ARTIFACT
 from .compiling.segments import compile_segments, keep_faster, traced_layouts
 from .cost_graph import CostGraph, build_cost_graph
-from .errors import PlanInfeasible, StalePlanError, TensorTorrentWarning, UnsupportedNodeError
+from .errors import (
+    PlanInfeasible,
+    StalePlanError,
+    TensorTorrentWarning,
+    UnsavedGraphError,
+    UnsupportedNodeError,
+)
 from .functional import GraphInputs
 from .io.files import digest
 from .passes.chunk_weights import ChunkedGraph, chunk_weights
@@ -297,12 +303,15 @@ def _plan(
     # planned again lean (``Session.make_lean``): it keeps nothing for good
     lean = settings.plan is None and replacing is not None and replacing.lean
 
+    # a saved plan's graph planned again (stale: ``Session.plan_again``) is searched
+    replays = settings.plan is not None and replacing is None
+
     def plan_with(graph: CostGraph, held: Mapping[str, int], lean: bool = False) -> GraphPlan:
-        saved = _saved_decisions(session, graph, profile)
+        saved = _saved_decisions(session, graph, profile) if replays else None
         plan = plan_graph(
             index, graph, profile, settings, held, on_disk, split, saved, keep, in_ram, lean
         )
-        if settings.plan is not None:
+        if replays:
             _check_saved(session, plan, saved)
         return plan
 
@@ -462,25 +471,42 @@ def _infeasible(
 
 def _saved_decisions(session: Session, cost: CostGraph, profile: HostProfile) -> Decisions | None:
     """The decisions the saved plan (the ``plan`` option) holds for ``cost``; ``None`` without
-    one, or, with ``replan="auto"``, when it no longer applies (with a warning)."""
+    one, and, with a warning, for a graph the file lacks of the model it was saved for
+    (``replan="new"``, the default) or one it no longer applies to (``replan="auto"``)."""
     settings = session.settings
     if settings.plan is None:
         return None
     try:
         return session.saved_plan().check(cost, profile)
-    except StalePlanError as exc:
+    except UnsavedGraphError as exc:
         if settings.replan == "error":
+            raise UnsavedGraphError(
+                f'{exc}. Load with replan="new" (the default) to plan such a graph when it '
+                "is traced"
+            ) from None
+        warnings.warn(
+            f"{exc}. Planned now (replan={settings.replan!r}): save the model again "
+            "(CompiledModule.save) to keep its plan",
+            TensorTorrentWarning,
+            stacklevel=4,
+        )
+        return None
+    except StalePlanError as exc:
+        if settings.replan != "auto":
             raise
         warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
         return None
 
 
 def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> None:
-    """Refuse (or, with ``replan="auto"``, warn about) a saved plan whose decisions did not
-    replay to the plan they were saved with."""
+    """Refuse (or warn about) a saved plan whose decisions did not replay to the plan they
+    were saved with: those of the graph at other sizes that do not apply at these are
+    refused with ``replan="error"`` (the file has no plan for these sizes: planned now, as
+    a graph it lacks, else), those of the graph as saved unless ``replan="auto"``."""
     if saved is None:  # already warned about
         return
     path = session.saved_plan().path
+    replan = session.settings.replan
     if not saved.plan_hash:  # saved for this graph at other sizes
         made = Decisions.of(plan.native, plan.split, plan.chunk_bytes)
         if dataclasses.replace(made, plan_hash="") == saved:
@@ -491,24 +517,30 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
                 path,
             )
             return
+        why = plan.replay_refused.rstrip() or "they give other decisions at these sizes"
         exc = StalePlanError(
-            f"{path} has this graph's plan at other sizes (a model called first with other "
-            "shapes than before saving, a prompt of another length, traces it at these), "
-            "and its decisions do not apply at these sizes: "
-            f"{plan.replay_refused or 'they give other decisions at these sizes.'} Call "
-            'it first with the shapes it was saved with, or load with replan="auto" to plan '
-            "it now"
+            f"{path} has this graph's plan at other sizes (a model called with other shapes "
+            "than before saving, a prompt of another length, traces it at these), and its "
+            f"decisions do not apply at these sizes: {why.removesuffix('.')}."
         )
-        if session.settings.replan == "error":
-            raise exc
-        warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
+        if replan == "error":
+            raise StalePlanError(
+                f"{exc} Call it with the shapes it was saved with, or load with "
+                'replan="new" (the default) to plan it now'
+            )
+        warnings.warn(
+            f"{exc} Planned now (replan={replan!r}): save the model again "
+            "(CompiledModule.save) to keep its plan",
+            TensorTorrentWarning,
+            stacklevel=4,
+        )
         return
     if saved.plan_hash != plan.plan_hash:
         exc = StalePlanError(
             f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "
             f"(planning again gives {plan.plan_hash}): the settings or the planner changed"
         )
-        if session.settings.replan == "error":
+        if replan != "auto":
             raise exc
         warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
         return

@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph, ParamRef
-from .errors import PlanInfeasible, ReplacedWeightError, StalePlanError
+from .errors import PlanInfeasible, ReplacedWeightError, StalePlanError, TensorTorrentWarning
 from .instances import ByIdentity
 from .io.locations import TensorLocation
 from .io.pool import (
@@ -89,7 +90,7 @@ class CompiledGraph:
     enter: Callable[[CompiledGraph, Sequence[Any]], None] | None = None
     # plans the graph again (with a call's arguments) keeping another graph's resident
     # copies where they fit, and makes this graph that plan (``Session.enter``); ``None``
-    # for a graph that cannot be (a saved plan's)
+    # for a graph that cannot be (one compiled outside the backend)
     replan: Replan | None = None
     # its frame was planned again to share the resident copies of the graph called most
     # (``Session.follow``): that is done once
@@ -158,8 +159,8 @@ class CompiledGraph:
             # a weight read from disk was given other bytes (``model.to(dtype)`` and back):
             # planned again, the graph uses them where they are now. Nothing the call wrote
             # reached its inputs: a graph writes them back once it has returned.
-            if self.replan is None or self.enter is None:
-                raise
+            if self.replan is None or self.enter is None or self.settings.plan is not None:
+                raise  # a saved plan's graph is planned as saved, or refused
             self.replaced = str(exc)
             self.calls -= 1  # the call is made again: counted once
             return self._run_once(args)
@@ -421,6 +422,8 @@ class Session:
         the ``count`` of them that keep the most (on all devices) and can be planned again
         are made lean (:meth:`make_lean`), so that it is planned beside none of their
         copies. How many were: 0 when none is left."""
+        if self.settings.plan is not None:  # a saved plan's graphs keep what it has them keep
+            return 0
         candidates = [g for g in self.beside(frame) if not g.lean and g.replan is not None]
         candidates.sort(
             key=lambda g: sum(g.plan.kept_bytes(d.name) for d in g.plan.devices), reverse=True
@@ -504,16 +507,19 @@ class Session:
         (:meth:`leader`: ``generate()``'s decode graph): the first time another of them
         runs after that one has been called more, it is planned again, once for the whole
         frame, keeping those copies where they fit (``plan.planner.Keep``), so that
-        switching between them drops and reads again nothing. Any graph (but a saved
-        plan's) is also planned again where it is stale, a later graph's plan having
-        released weights its plan keeps in RAM (:meth:`released`), lean, a later graph
-        having needed the room its copies held (:meth:`make_lean`), or where a weight its
-        plan reads from disk was given other bytes (``CompiledGraph.replaced``)."""
+        switching between them drops and reads again nothing (not a saved plan's graphs,
+        which keep what it has them keep). Any graph is also planned again where it is
+        stale, a later graph's plan having released weights its plan keeps in RAM
+        (:meth:`released`; a saved plan's too, searched), and any but a saved plan's where
+        it is lean, a later graph having needed the room its copies held
+        (:meth:`make_lean`), or where a weight its plan reads from disk was given other
+        bytes (``CompiledGraph.replaced``)."""
         if graph.stale is not None or graph.lean_pending or graph.replaced is not None:
             self.plan_again(graph, args)
         if self.current is graph:
             return
-        leader = self.leader(graph) if graph.replan is not None and not graph.followed else None
+        follows = graph.replan is not None and not graph.followed and self.settings.plan is None
+        leader = self.leader(graph) if follows else None
         if leader is not None:
             self.follow(graph, leader, args)
         self.current = graph
@@ -575,10 +581,11 @@ class Session:
         a new plan must leave them in RAM, as releasing one to disk would leave those
         graphs reading it through the page cache (its file mapped), unverified and unplanned,
         where their plans expect its bytes in RAM."""
+        saved = self.settings.plan is not None
         return frozenset(
             name
             for g in self.graphs
-            if g.replan is None and g.plan.graph_index != replacing
+            if (g.replan is None or saved) and g.plan.graph_index != replacing
             for name in weights_in_ram(g)
         )
 
@@ -614,10 +621,22 @@ class Session:
             why = f"graph {stale}'s plan put on disk weights its plan kept in RAM"
         else:
             why = "it keeps nothing for good from now on"
-        if graph.replan is None:
+        # a saved plan's graph is planned again where it is stale alone: the plan saved for
+        # it was (its graph was not called again before saving, which would have planned it
+        # again), and replaying another graph's saved decisions made it so again
+        if graph.replan is None or (self.settings.plan is not None and stale is None):
             raise StalePlanError(
                 f"graph {index} must be planned again ({why}), and it can no longer be; "
                 "torch._dynamo.reset() and compile the model again"
+            )
+        if self.settings.plan is not None:
+            warnings.warn(
+                f"graph {index} is searched again, not planned as {self.settings.plan} has "
+                f"it: {why}, as they were where it was saved (it would have been planned "
+                "again at its next call there). Save the model again (CompiledModule.save) "
+                "after this call to keep the plans as they now run",
+                TensorTorrentWarning,
+                stacklevel=2,
             )
         started = time.perf_counter()
         try:

@@ -19,7 +19,7 @@ from .units import parse_bytes, parse_rate
 
 Objective = Literal["latency", "memory", "throughput"]
 Compiler = Literal["inductor", "eager"]
-Replan = Literal["error", "auto"]
+Replan = Literal["new", "error", "auto"]
 ProfileChoice = Literal["auto", "nominal"]
 OBJECTIVES, COMPILERS, REPLANS = get_args(Objective), get_args(Compiler), get_args(Replan)
 PROFILE_ENV = "TENSORTORRENT_PROFILE"
@@ -124,7 +124,11 @@ class Settings:
         None, help="path of a saved plan to reproduce instead of searching (CompiledModule.save)"
     )
     replan: Replan = _option(
-        "error", help="when a saved plan no longer matches: 'error' (default) or 'auto'"
+        "new",
+        help="what a saved plan does with a graph it lacks (one the saving session did not "
+        "trace: a call of other shapes) and with one it no longer matches: 'new' (default: "
+        "plan the first with a warning, refuse the second), 'error' (refuse both) or 'auto' "
+        "(plan both, with a warning)",
     )
     offload_dir: str | None = _option(
         None,

@@ -3,13 +3,16 @@
 A saved plan records, per graph, the graph's hash (of its cost graph as traced) and its hash
 without sizes (the same graph traced at other shapes has the same), the plan hash, the
 planner's decisions (``decisions.Decisions``, the form the plan cache stores too), a
-readable copy of them (placement, residency, the prefetch/evict schedule) and the
-prediction; and, once, the format version, the torch and TensorTorrent versions, the
-hardware fingerprint, a hash of the profile's figures and the settings. Reloading replays
-the decisions, without searching, and checks that the same plan hash comes out (a graph the
-file has at other sizes replays its decisions, which give a plan of those sizes); anything
-that changed is named. The text of ``explain()`` is kept as it read when saved, so
-``tensortorrent explain plan.json`` prints it without the model.
+readable copy of them (placement, residency, the prefetch/evict schedule), the prediction
+and the dtype and shape of each weight the graph reads; and, once, the format version, the
+torch and TensorTorrent versions, the hardware fingerprint, a hash of the profile's figures
+and the settings. Reloading replays the decisions, without searching, and checks that the
+same plan hash comes out (a graph the file has at other sizes replays its decisions, which
+give a plan of those sizes); anything that changed is named. A graph the file lacks, of the
+model it was saved for (its weights are the file's), is one the saving session did not trace
+(a loaded model called with other shapes, or in another order): :class:`UnsavedGraphError`,
+which ``replan="new"`` (the default) plans when it is traced. The text of ``explain()`` is
+kept as it read when saved, so ``tensortorrent explain plan.json`` prints it without the model.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..cost_graph import CostGraph
-from ..errors import PlanFormatError, StalePlanError
+from ..errors import PlanFormatError, StalePlanError, UnsavedGraphError
 from ..io.files import digest, read_json, write_json
 from ..profile import HostProfile
 from ..profile.detect import current_fingerprint
@@ -69,6 +72,7 @@ def graph_record(plan: GraphPlan) -> dict[str, Any]:
         "chosen": native.chosen,
         "predicted_time_s": plan.predicted_time_s,
         "devices": [{"name": d.name, "budget_bytes": d.budget_bytes} for d in plan.devices],
+        "weights": {p.fqn: {"dtype": p.dtype, "shape": list(p.shape)} for p in plan.traced.params},
         "placement": {n.name: plan.node_device(i) for i, n in enumerate(cost.nodes)},
         "residency": {
             p.fqn: {
@@ -117,20 +121,9 @@ class SavedPlan:
 
     def check(self, cost: CostGraph, profile: HostProfile) -> Decisions:
         """The saved decisions for this graph; raises :class:`StalePlanError` saying what
-        changed. Those of the same graph saved at other sizes have no plan hash (``""``):
-        they make a plan of other sizes, of another hash."""
-        record = self.record_for(cost)
-        if record is None:
-            known = ", ".join(g["graph_hash"] for g in self.graphs)
-            raise StalePlanError(
-                f"{self.path} has no plan for this graph (hash {cost.digest()}; the file has "
-                f"{known}): the model or its inputs changed since the plan was saved, or the "
-                "calls came in another order (Dynamo traces a model's first call for its "
-                "shapes alone, and a call of other shapes after it for any: a loaded model "
-                "called first with the shapes of a later call gets a graph the file does not "
-                'have). Call it as it was called before saving, or load with replan="auto" '
-                "to plan such a graph now"
-            )
+        changed (:class:`UnsavedGraphError` where only the graph is not in the file, of the
+        model it was saved for). Those of the same graph saved at other sizes have no plan
+        hash (``""``): they make a plan of other sizes, of another hash."""
         hardware = current_fingerprint().to_dict()
         if hardware != self.hardware:
             changed = sorted(k for k in hardware if hardware.get(k) != self.hardware.get(k))
@@ -142,10 +135,52 @@ class SavedPlan:
                 f"{self.path} was planned with other device rates (profile "
                 f"{self.profile_hash}, now {profile_hash(profile)}): re-measured or edited"
             )
+        record = self.record_for(cost)
+        if record is None:
+            raise self._lacking(cost)
         decisions = Decisions.from_json(record["decisions"])
         if record["graph_hash"] != cost.digest():
             return dataclasses.replace(decisions, plan_hash="")
         return decisions
+
+    def _lacking(self, cost: CostGraph) -> StalePlanError:
+        """The error for ``cost``, a graph the file has no plan for: of the model the file
+        was saved for (every weight it reads is one the file has, of the same dtype and
+        shape), the saving session did not trace it; else the model changed, the weight
+        that did named."""
+        head = (
+            f"{self.path} has no plan for this graph (hash {cost.digest()}; the file has "
+            f"{', '.join(g['graph_hash'] for g in self.graphs)})"
+        )
+        saved: dict[str, dict[str, Any]] = {}
+        for record in self.graphs:
+            saved.update(record.get("weights", {}))
+        if not any("weights" in record for record in self.graphs):  # an older file
+            return StalePlanError(
+                f"{head}: the model or its inputs changed since the plan was saved, or the "
+                "saving session did not trace this graph (Dynamo traces one for each new set "
+                "of shapes). Save the plan again with this version to have such graphs "
+                'planned when they are traced, or load with replan="auto"'
+            )
+        for p in cost.params:
+            weight = saved.get(p.fqn)
+            if weight is None:
+                return StalePlanError(
+                    f"{head}: the model changed since the plan was saved: its weight "
+                    f"{p.fqn!r} is not in the file"
+                )
+            if (weight["dtype"], tuple(weight["shape"])) != (p.dtype, p.shape):
+                return StalePlanError(
+                    f"{head}: the model changed since the plan was saved: its weight "
+                    f"{p.fqn!r} is {p.dtype} {list(p.shape)}, {weight['dtype']} "
+                    f"{weight['shape']} in the file"
+                )
+        return UnsavedGraphError(
+            f"{head}: the session that saved it did not trace this graph (Dynamo traces a "
+            "graph for each new set of shapes, and one for any shapes once the model was "
+            "called with two: a loaded model called with other shapes, or in another order, "
+            "than before saving traces graphs the file lacks)"
+        )
 
 
 def save(
@@ -210,6 +245,12 @@ def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
             _field(record, key, str, f"graphs[{i}].")
         if "structure_hash" in record:  # files saved before it was recorded lack it
             _field(record, "structure_hash", str, f"graphs[{i}].")
+        if "weights" in record:  # files saved before they were recorded lack them
+            for fqn, weight in _field(record, "weights", dict, f"graphs[{i}].").items():
+                where = f"graphs[{i}].weights[{fqn!r}]."
+                _field(weight, "dtype", str, where)
+                if not all(type(n) is int for n in _field(weight, "shape", list, where)):
+                    raise TypeError(f"{where}shape is not a list of integers")
         Decisions.from_json(_field(record, "decisions", dict, f"graphs[{i}]."))
     return SavedPlan(
         path=path,

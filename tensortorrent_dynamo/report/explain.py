@@ -490,6 +490,8 @@ def explain_graph(graph: CompiledGraph) -> str:
         mark = " (chosen)" if cand.name == native.chosen else ""
         families.setdefault(cand.family, []).append(f"{cand.name} {time}{mark}")
     source = f"; the decisions of {plan.replayed_from}" if plan.replayed_from else ""
+    if not source and graph.settings.plan is not None:
+        source = f"; the saved plan {graph.settings.plan} gave no decisions for it"
     lines.append(f"  candidates ({native.report}{source}):")
     lines += [f"    {family}: " + " | ".join(c) for family, c in families.items()]
     bound = native.lower_bound_s
@@ -691,7 +693,9 @@ def explain_workload(graphs: Sequence[CompiledGraph]) -> list[str]:
                     f"{format_seconds(g.plan.alone_predicted_s or 0.0)}); {switching}"
                 )
         elif members[0].settings.plan is not None:
-            sharing = [f"  each planned as the saved plan has it; {switching}"]
+            searched = [g.plan.graph_index for g in members if not g.plan.replayed_from]
+            also = f" (graph {', '.join(map(str, searched))} searched)" if searched else ""
+            sharing = [f"  each planned as the saved plan has it{also}; {switching}"]
         elif any(g.followed for g in members):
             sharing = [
                 "  each keeps a resident set of its own: planned again to keep those of the "

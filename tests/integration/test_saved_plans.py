@@ -7,10 +7,12 @@ import logging
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import tensortorrent as tt
 from tests.models import TwoBreaks, mlp
@@ -104,6 +106,58 @@ def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:
         torch.testing.assert_close(compiled(x), other(x))
 
 
+def test_graphs_a_loaded_model_traces_that_were_never_saved_are_planned_or_refused(
+    tmp_path: Path,
+) -> None:
+    """Saved after calls of one batch alone, the file has the model's graph for that shape:
+    a loaded model called with a second batch traces the graph for any batch, which it
+    lacks. It is planned when traced, with a warning saying why (explain() says it was
+    searched), and every call equals eager's; with replan="error" it is refused, naming the
+    default that plans it. Saved again, the file has it: loaded again, nothing is planned
+    anew. A model whose weights changed is refused whatever replan says, naming the weight."""
+    batches = [torch.randn(n, 64) for n in (4, 8, 16, 4)]
+    model = mlp(64, 3)
+    with torch.no_grad():
+        expected = [model(x) for x in batches]
+    compiled = tt.compile(model, **OPTIONS)
+    with torch.no_grad():
+        compiled(batches[0])
+    path = tmp_path / "plan.json"
+    compiled.save(path)
+
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 3))
+    unsaved = pytest.warns(tt.TensorTorrentWarning, match="did not trace this graph.*Planned now")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(batches[1]), expected[1])  # replayed at batch 8
+        with unsaved:  # and again for batch 4, a range of sizes not planned for
+            torch.testing.assert_close(loaded(batches[2]), expected[2])
+            torch.testing.assert_close(loaded(batches[3]), expected[3])
+    assert len(loaded.plan_hashes()) == 3
+    assert f"; the saved plan {path} gave no decisions for it" in loaded.explain()
+    again = tmp_path / "again.json"
+    loaded.save(again)
+
+    torch._dynamo.reset()
+    strict = tt.load(path, mlp(64, 3), replan="error")
+    with torch.no_grad():
+        strict(batches[1])
+        with pytest.raises(tt.UnsavedGraphError, match=r'did not trace.*replan="new"'):
+            strict(batches[2])
+
+    torch._dynamo.reset()
+    strict = tt.load(again, mlp(64, 3), replan="error")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", tt.TensorTorrentWarning)
+        for x, y in zip(batches[1:], expected[1:], strict=True):
+            torch.testing.assert_close(strict(x), y)
+
+    torch._dynamo.reset()
+    wider = tt.load(path, nn.Sequential(nn.Linear(64, 80), nn.ReLU(), nn.Linear(80, 64)).eval())
+    with torch.no_grad(), pytest.raises(tt.StalePlanError, match=r"'0\.weight' is .*80, 64"):
+        wider(batches[1])
+
+
 def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_sizes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -111,7 +165,8 @@ def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_size
     for any: saved after batch 4 then batch 8, a model loaded and called with batch 8 first
     traces the batch-4 graph at batch 8. The file has that graph at other sizes: its
     decisions are replayed at these (said in the log), and the calls equal eager's. Where
-    they do not fit at these sizes, the refusal says so and why; replan="auto" plans it."""
+    they do not fit at these sizes, the graph is planned now, with a warning saying why, or
+    refused saying so with replan="error"."""
     small, large = torch.randn(4, 64), torch.randn(8, 64)
     model = mlp(64, 3)
     with torch.no_grad():
@@ -144,17 +199,18 @@ def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_size
     assert loaded.plan_hashes() == saved
     assert loaded.explain().count(f"the decisions of the saved plan {path}):") == 2
 
-    # a batch whose activations do not fit beside the weights the saved decisions keep
+    # a batch whose activations do not fit beside the weights the saved decisions keep:
+    # the file has no plan for it at these sizes, planned now as one it lacks, or refused
     huge = torch.randn(256, 64)
     torch._dynamo.reset()
-    loaded = tt.load(path, mlp(64, 3))
-    refused = pytest.raises(tt.StalePlanError, match=r"(?s)at other sizes.*replan=\"auto\"")
+    loaded = tt.load(path, mlp(64, 3), replan="error")
+    refused = pytest.raises(tt.StalePlanError, match=r"(?s)at other sizes.*replan=\"new\"")
     with torch.no_grad(), refused:
         loaded(huge)
 
     torch._dynamo.reset()
-    loaded = tt.load(path, mlp(64, 3), replan="auto")
-    with torch.no_grad(), pytest.warns(tt.TensorTorrentWarning, match="planned again"):
+    loaded = tt.load(path, mlp(64, 3))
+    with torch.no_grad(), pytest.warns(tt.TensorTorrentWarning, match="Planned now"):
         torch.testing.assert_close(loaded(huge), model(huge))
 
 

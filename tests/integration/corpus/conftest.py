@@ -75,6 +75,9 @@ _CASE_KEYS = {
         "used several ways budget={budget}"
     ),
     "test_a_pipeline_with_compiled_modules_matches_eager": "diffusers pipeline budget={budget}",
+    "test_generate_with_a_saved_plan_serves_prompts_of_any_length": (
+        "generate from a saved plan, prompts of any length budget={budget} cache={cache}"
+    ),
 }
 
 

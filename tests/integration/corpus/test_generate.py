@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,46 @@ def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
         replayed = tt.load(tmp_path / "plan.json", another)
         torch.testing.assert_close(replayed.generate(**shorter), expected, rtol=0, atol=0)
     assert len(replayed.plan_hashes()) == len(hashes)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    ("name", "cache", "budget"),
+    [(n, c, b) for n in ("llama", "t5") for c, b in (("static", "third"), ("dynamic", "disk"))],
+)
+def test_generate_with_a_saved_plan_serves_prompts_of_any_length(
+    name: str, cache: str, budget: str, tmp_path: Path
+) -> None:
+    """Plans saved after one ``generate()``, loaded by a server that gets prompts of other
+    lengths, one of them twice: Dynamo traces graphs the saving session did not (a prompt
+    of a second length traces the model for any length), which are planned when traced;
+    from disk with the default cache, the saved prefill plan is stale as saved (the decode
+    graph's plan released weights it keeps in RAM, and it was not called again before
+    saving) and is planned again at its next call. Every ``generate()`` gives eager's tokens
+    (before plans were made for graphs the file lacks, the second length was refused, and
+    from disk with the default cache the second ``generate()`` of any length)."""
+    model = BY_NAME[name].build()
+    fresh, reference = copy.deepcopy(model), copy.deepcopy(model)
+    opts = disk_options(model, tmp_path / "offload") if budget == "disk" else options(budget, model)
+    kwargs = _generate_kwargs(cache)
+    del kwargs["disable_compile"]  # the compiled module turns transformers' compile off
+    prompt = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        compiled = tt.compile(model, **opts)
+        compiled.generate(input_ids=prompt[:, :9], **kwargs)
+    compiled.save(tmp_path / "plan.json")
+    saved = len(compiled.plan_hashes())
+
+    torch._dynamo.reset()
+    loaded = tt.load(tmp_path / "plan.json", fresh)
+    for length in (6, 12, 9, 9, 4):
+        ids = prompt[:, :length]
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", tt.TensorTorrentWarning)  # planned now: said so
+            expected = reference.generate(input_ids=ids, disable_compile=True, **kwargs)
+            got = loaded.generate(input_ids=ids, **kwargs)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=f"prompt of {length}")
+    assert len(loaded.plan_hashes()) > saved, "graphs the file lacks were planned"
 
 
 @pytest.mark.corpus
