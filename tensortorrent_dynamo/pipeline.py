@@ -67,7 +67,7 @@ def plan_and_compile(
     settings = session.settings
     example_inputs = graph_inputs.values
     session.forget_gone()  # a deleted model's graphs hold nothing a new plan must leave
-    profile = host_profile(settings)
+    profile = _profile(session)
     reference = copy_module(gm) if settings.verify and graph_inputs.state else gm
     StateInPlace(graph_inputs.state)(gm)
     cost = build_cost_graph(gm, example_inputs, graph_inputs.params, sizes, graph_inputs.state)
@@ -160,6 +160,16 @@ def plan_and_compile(
         log.info("graph %d planned: %s", plan.graph_index, plan.native.chosen)
         log.debug("schedule of graph %d:\n%s", plan.graph_index, rewritten.module.code)
     return compiled
+
+
+def _profile(session: Session) -> HostProfile:
+    """The figures a graph is planned with: a saved plan's own on the hardware it was saved
+    on (figures measured again, or another cached profile, would make other plans than the
+    saved ones), else those the ``profile`` option names."""
+    saved = session.saved_plan().figures() if session.settings.plan is not None else None
+    if saved is None:
+        return host_profile(session.settings)
+    return host_profile(session.settings, saved, f"saved with the plan {session.settings.plan}")
 
 
 def _plan_beside_leaner(

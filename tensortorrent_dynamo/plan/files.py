@@ -5,8 +5,8 @@ without sizes (the same graph traced at other shapes has the same), the plan has
 planner's decisions (``decisions.Decisions``, the form the plan cache stores too), a
 readable copy of them (placement, residency, the prefetch/evict schedule), the prediction
 and the dtype and shape of each weight the graph reads; and, once, the format version, the
-torch and TensorTorrent versions, the hardware fingerprint, a hash of the profile's figures
-and the settings. Reloading replays the decisions, without searching, and checks that the
+torch and TensorTorrent versions, the hardware fingerprint, the profile's figures and their
+hash, and the settings. Reloading replays the decisions, without searching, and checks that the
 same plan hash comes out (a graph the file has at other sizes replays its decisions, which
 give a plan of those sizes); anything that changed is named. A graph the file lacks, of the
 model it was saved for (its weights are the file's), is one the saving session did not trace
@@ -29,7 +29,7 @@ from ..errors import PlanFormatError, StalePlanError, UnsavedGraphError
 from ..io.files import digest, read_json, write_json
 from ..profile import HostProfile
 from ..profile.detect import current_fingerprint
-from ..profile.schema import Fingerprint
+from ..profile.schema import Fingerprint, Measurements
 from ..settings import SAVED_OPTIONS
 from .decisions import Decisions
 
@@ -106,6 +106,15 @@ class SavedPlan:
     torch_version: str
     graphs: tuple[dict[str, Any], ...]
     explain: str
+    # the figures the plans were made with (``None`` in files saved before they were kept)
+    measurements: Measurements | None = None
+
+    def figures(self) -> Measurements | None:
+        """The figures to plan with on this machine: the file's, on the hardware it was
+        saved on (``None`` elsewhere, or for a file without them)."""
+        if self.measurements is None or self.hardware != current_fingerprint().to_dict():
+            return None
+        return self.measurements
 
     def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
         """The record of ``cost``; else of the same graph traced at other sizes (the first
@@ -200,6 +209,9 @@ def save(
         "tensortorrent_version": _version(),
         "hardware": current_fingerprint().to_dict(),
         "profile_hash": profile_hash(profile),
+        # the figures themselves: loaded on the same hardware, the plans are made again with
+        # them (figures measured again there differ, and would make other plans)
+        **({"profile": profile.to_dict()} if profile.measurements is not None else {}),
         "options": dict(options),
         "explain": explain,
         "graphs": [graph_record(p) for p in plans],
@@ -260,6 +272,7 @@ def _saved_plan(path: str, data: Mapping[str, Any]) -> SavedPlan:
         torch_version=_field(data, "torch_version", str),
         graphs=tuple(dict(g) for g in graphs),
         explain=_field(data, "explain", str),
+        measurements=Measurements.from_dict(data["profile"]) if "profile" in data else None,
     )
 
 

@@ -194,16 +194,21 @@ def check_devices_exist(settings: Settings) -> None:
             )
 
 
-def host_profile(settings: Settings) -> HostProfile:
+def host_profile(
+    settings: Settings, given: Measurements | None = None, source: str = ""
+) -> HostProfile:
     """Build the profile the planner uses for ``settings`` (host first, then CUDA, then virtual).
 
     ``settings.profile`` picks the figures: ``"auto"`` (cached measurements, measured on
-    first use), ``"nominal"`` (built-in rates) or the path of a profile file. Virtual
+    first use), ``"nominal"`` (built-in rates) or the path of a profile file; ``given``
+    figures (a saved plan's, said to come from ``source``) are taken instead. Virtual
     devices are declared by the settings, never measured. Raises :class:`OptionsError` when
     the settings name a device this machine does not have.
     """
     check_devices_exist(settings)
-    if settings.profile == "nominal":
+    if given is not None:
+        base = HostProfile.from_measurements(given, source)
+    elif settings.profile == "nominal":
         base = nominal_profile()
     elif settings.profile == "auto":
         base = auto_profile()

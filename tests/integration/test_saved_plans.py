@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import tensortorrent as tt
+from tensortorrent_dynamo.profile.resolve import nominal_profile
 from tests.models import TwoBreaks, mlp
 
 OPTIONS = {
@@ -90,6 +91,35 @@ def test_a_plan_its_decisions_do_not_give_is_refused(tmp_path: Path) -> None:
     torch._dynamo.reset()
     with pytest.raises(tt.StalePlanError, match="no longer give plan 0000000000000000"):
         tt.load(path, model, example_inputs=(x,))
+
+
+def test_a_plan_is_made_again_with_the_figures_it_was_saved_with(tmp_path: Path) -> None:
+    """A plan saved with a profile's figures, loaded on the same hardware after they were
+    measured again (other figures, which make another plan): the plans are made again with
+    the figures the file keeps, and are the saved ones (before, the load was refused as
+    "planned with other device rates"); explain() says where the figures came from."""
+    figures = tmp_path / "profile.json"
+    figures.write_text(nominal_profile().to_json())
+    options = {**OPTIONS, "profile": str(figures)}
+    model, x = mlp(64, 4), torch.randn(4, 64)
+    compiled = tt.compile(model, example_inputs=(x,), **options)
+    path = tmp_path / "plan.json"
+    compiled.save(path)
+    saved = compiled.plan_hashes()
+
+    again = json.loads(figures.read_text())
+    cpu = next(d for d in again["devices"] if d["name"] == "cpu")
+    cpu["matmul"]["float32"]["value"] /= 3  # measured again: other figures
+    figures.write_text(json.dumps(again))
+    torch._dynamo.reset()
+    remeasured = tt.compile(mlp(64, 4), example_inputs=(x,), **options)
+    assert remeasured.plan_hashes() != saved, "the figures measured again make another plan"
+    torch._dynamo.reset()
+    loaded = tt.load(path, mlp(64, 4), example_inputs=(x,), replan="error")
+    assert loaded.plan_hashes() == saved
+    assert f"saved with the plan {path}" in loaded.explain()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
 
 
 def test_a_changed_graph_is_refused_or_replanned(tmp_path: Path) -> None:
