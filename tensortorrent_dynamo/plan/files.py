@@ -112,9 +112,13 @@ class SavedPlan:
     def figures(self) -> Measurements | None:
         """The figures to plan with on this machine: the file's, on the hardware it was
         saved on (``None`` elsewhere, or for a file without them)."""
-        if self.measurements is None or self.hardware != current_fingerprint().to_dict():
+        if self.measurements is None or self._other_hardware():
             return None
         return self.measurements
+
+    def _other_hardware(self) -> list[str]:
+        """What makes this machine another kind than the one the plan was saved on."""
+        return Fingerprint.from_dict(self.hardware, "hardware").other_kind(current_fingerprint())
 
     def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
         """The record of ``cost``; else of the same graph traced at other sizes (the first
@@ -133,9 +137,8 @@ class SavedPlan:
         changed (:class:`UnsavedGraphError` where only the graph is not in the file, of the
         model it was saved for). Those of the same graph saved at other sizes have no plan
         hash (``""``): they make a plan of other sizes, of another hash."""
-        hardware = current_fingerprint().to_dict()
-        if hardware != self.hardware:
-            changed = sorted(k for k in hardware if hardware.get(k) != self.hardware.get(k))
+        changed = self._other_hardware()
+        if changed:
             raise StalePlanError(
                 f"{self.path} was saved on other hardware (differs in: {', '.join(changed)})"
             )

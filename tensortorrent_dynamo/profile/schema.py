@@ -141,6 +141,10 @@ class Figure:
         )
 
 
+# the relative difference of total RAM within which two machines are of one kind
+RAM_TOLERANCE = 0.02
+
+
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
     """What identifies the hardware a profile was measured on.
@@ -183,6 +187,16 @@ class Fingerprint:
     def digest(self) -> str:
         """A short stable hash, used in the cache file name."""
         return digest(self.to_dict())
+
+    def other_kind(self, other: Fingerprint) -> list[str]:
+        """The fields in which ``other`` is another kind of machine than this one: each but
+        the total RAM, which within :data:`RAM_TOLERANCE` is the same kind (the RAM the
+        kernel reports differs by some MiB between machines of one kind, and after a kernel
+        upgrade)."""
+        ours, theirs = self.to_dict(), other.to_dict()
+        ram = abs(self.ram_total_bytes - other.ram_total_bytes)
+        near = ram <= RAM_TOLERANCE * max(self.ram_total_bytes, other.ram_total_bytes)
+        return [k for k in ours if ours[k] != theirs[k] and not (k == "ram_total_bytes" and near)]
 
     def differences(self, other: Fingerprint) -> list[str]:
         """``"field: theirs -> ours"`` for each field where ``other`` differs from this one."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -244,16 +245,34 @@ def test_calls_in_another_order_than_saved_replay_the_graphs_saved_at_other_size
         torch.testing.assert_close(loaded(huge), model(huge))
 
 
-def test_other_hardware_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("field", "change", "refused"),
+    [
+        ("cpu_cores", lambda n: n + 64, True),
+        ("ram_total_bytes", lambda n: n - n // 10, True),
+        # another machine of the same kind: the kernel reports some MiB more or less
+        ("ram_total_bytes", lambda n: n - n // 200, False),
+    ],
+)
+def test_other_hardware_is_refused(
+    tmp_path: Path, field: str, change: Callable[[int], int], refused: bool
+) -> None:
     path = tmp_path / "plan.json"
     model, x = mlp(64, 4), torch.randn(4, 64)
-    tt.compile(model, example_inputs=(x,), **OPTIONS).save(path)
+    compiled = tt.compile(model, example_inputs=(x,), **OPTIONS)
+    compiled.save(path)
+    saved = compiled.plan_hashes()
     data = json.loads(path.read_text())
-    data["hardware"]["cpu_cores"] += 64
+    data["hardware"][field] = change(data["hardware"][field])
     path.write_text(json.dumps(data))
     torch._dynamo.reset()
-    with pytest.raises(tt.StalePlanError, match=r"other hardware.*cpu_cores"):
-        tt.load(path, model, example_inputs=(x,))
+    if refused:
+        with pytest.raises(tt.StalePlanError, match=rf"other hardware.*{field}"):
+            tt.load(path, model, example_inputs=(x,))
+    else:
+        loaded = tt.load(path, model, example_inputs=(x,), replan="error")
+        assert loaded.plan_hashes() == saved
+        assert f"saved with the plan {path}" in loaded.explain()
 
 
 def test_unknown_format_version_is_refused_with_the_version(tmp_path: Path) -> None:

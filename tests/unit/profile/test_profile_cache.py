@@ -284,3 +284,16 @@ def test_a_short_profile_measured_by_older_methods_is_measured_again(
     assert profile.measurements.revision == METHODS_REVISION
     assert resolve.host_profile(AUTO).source.startswith("measured (cached")
     assert measure_calls == ["short", "short"]
+
+
+def test_machines_of_one_kind_differ_only_in_some_mib_of_ram() -> None:
+    here = Fingerprint("AMD EPYC", 2, 24 << 30, (("H100", 80 << 30),), "2.9.0")
+    assert here.other_kind(here) == []
+    assert (
+        here.other_kind(dataclasses.replace(here, ram_total_bytes=(24 << 30) - (200 << 20))) == []
+    )
+    assert here.other_kind(dataclasses.replace(here, ram_total_bytes=16 << 30)) == [
+        "ram_total_bytes"
+    ]
+    other = dataclasses.replace(here, gpus=(("H100", 96 << 30),), cpu_cores=4)
+    assert here.other_kind(other) == ["cpu_cores", "gpus"]
