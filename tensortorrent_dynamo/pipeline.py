@@ -162,6 +162,10 @@ def plan_and_compile(
     return compiled
 
 
+# why a saved plan's graph planned again (``Session.plan_again``) was searched
+STALE_SAVED = "a later graph's saved plan released weights its saved plan keeps in RAM"
+
+
 def _profile(session: Session) -> HostProfile:
     """The figures a graph is planned with: a saved plan's own on the hardware it was saved
     on (figures measured again, or another cached profile, would make other plans than the
@@ -323,6 +327,8 @@ def _plan(
         )
         if replays:
             _check_saved(session, plan, saved)
+        elif settings.plan is not None:
+            plan = dataclasses.replace(plan, replay_refused=STALE_SAVED)
         return plan
 
     def leaves_room(plan: GraphPlan) -> bool:
@@ -401,7 +407,7 @@ def _beside_other_graphs(
         listed = ", ".join(sorted(in_ram)[:3]) + (", ..." if len(in_ram) > 3 else "")
         kept = (
             f" It keeps {len(in_ram)} weights in RAM ({listed}): the model's earlier graphs "
-            "read them from there, and their plans (saved ones) do not change."
+            "read them from there, and their plans cannot change."
         )
     if not short:
         return PlanInfeasible(f"{error}{kept}", error.min_budgets, error.peaks) if kept else error

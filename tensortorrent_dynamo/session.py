@@ -14,7 +14,6 @@ import gc
 import logging
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ import torch.fx
 
 from .compiling.verify import eager_values, verified_call
 from .cost_graph import CostGraph, ParamRef
-from .errors import PlanInfeasible, ReplacedWeightError, StalePlanError, TensorTorrentWarning
+from .errors import PlanInfeasible, ReplacedWeightError, StalePlanError
 from .instances import ByIdentity
 from .io.locations import TensorLocation
 from .io.pool import (
@@ -576,16 +575,16 @@ class Session:
         _compile_garbage.after_compile(graph.plan.graph_index, input_bytes(args, graph.plan.cost))
 
     def in_ram_for_good(self, replacing: int | None = None) -> frozenset[str]:
-        """The weights (whole, by fqn) kept in RAM by the plans that cannot change (a saved
-        plan's graphs, which are never planned again), but the one of graph ``replacing``:
+        """The weights (whole, by fqn) kept in RAM by the plans that cannot change (graphs
+        that cannot be planned again; a saved plan's can be, where stale), but the one of
+        graph ``replacing``:
         a new plan must leave them in RAM, as releasing one to disk would leave those
         graphs reading it through the page cache (its file mapped), unverified and unplanned,
         where their plans expect its bytes in RAM."""
-        saved = self.settings.plan is not None
         return frozenset(
             name
             for g in self.graphs
-            if (g.replan is None or saved) and g.plan.graph_index != replacing
+            if g.replan is None and g.plan.graph_index != replacing
             for name in weights_in_ram(g)
         )
 
@@ -621,22 +620,13 @@ class Session:
             why = f"graph {stale}'s plan put on disk weights its plan kept in RAM"
         else:
             why = "it keeps nothing for good from now on"
-        # a saved plan's graph is planned again where it is stale alone: the plan saved for
-        # it was (its graph was not called again before saving, which would have planned it
-        # again), and replaying another graph's saved decisions made it so again
+        # a saved plan's graph is planned again where it is stale alone, searched (said in
+        # explain()): replaying a later graph's saved decisions made it so, as they did where
+        # it was saved, which planned it again at its next call
         if graph.replan is None or (self.settings.plan is not None and stale is None):
             raise StalePlanError(
                 f"graph {index} must be planned again ({why}), and it can no longer be; "
                 "torch._dynamo.reset() and compile the model again"
-            )
-        if self.settings.plan is not None:
-            warnings.warn(
-                f"graph {index} is searched again, not planned as {self.settings.plan} has "
-                f"it: {why}, as they were where it was saved (it would have been planned "
-                "again at its next call there). Save the model again (CompiledModule.save) "
-                "after this call to keep the plans as they now run",
-                TensorTorrentWarning,
-                stacklevel=2,
             )
         started = time.perf_counter()
         try:

@@ -78,6 +78,16 @@ def order_by_segment(gm: torch.fx.GraphModule, segment_of: Callable[[torch.fx.No
     gm.recompile()
 
 
+def _reorder(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
+    """Put ``gm``'s nodes, all of ``nodes`` (in a topological order), in that order."""
+    (output,) = gm.graph.find_nodes(op="output")
+    for node in nodes:
+        if node is not output:
+            output.prepend(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
 def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewritten:
     """Split ``gm`` by the plan's segments and insert the data movement the plan needs."""
     dump("rewrite", "before", gm)
@@ -89,8 +99,12 @@ def rewrite(gm: torch.fx.GraphModule, plan: GraphPlan, runtime: Runtime) -> Rewr
     def segment_of(node: torch.fx.Node) -> int:
         return plan.node_segment(node_id[node.name])
 
+    traced = list(gm.graph.nodes)
     order_by_segment(gm, segment_of)
     parent = split_module(gm, gm, segment_of, keep_original_order=True)
+    # ``gm`` is planned again as traced (``pipeline.Replanner``): a saved plan names a graph by
+    # the hash of its cost graph, of its nodes in order
+    _reorder(gm, traced)
     parent.add_submodule("tt_runtime", runtime)
     graph = parent.graph
     params = {p.placeholder: (i, p) for i, p in enumerate(cost.params)}

@@ -491,7 +491,10 @@ def explain_graph(graph: CompiledGraph) -> str:
         families.setdefault(cand.family, []).append(f"{cand.name} {time}{mark}")
     source = f"; the decisions of {plan.replayed_from}" if plan.replayed_from else ""
     if not source and graph.settings.plan is not None:
-        source = f"; the saved plan {graph.settings.plan} gave no decisions for it"
+        source = (
+            f"; searched, not replayed from the saved plan {graph.settings.plan}: "
+            f"{plan.replay_refused or 'it has no plan for this graph'}"
+        )
     lines.append(f"  candidates ({native.report}{source}):")
     lines += [f"    {family}: " + " | ".join(c) for family, c in families.items()]
     bound = native.lower_bound_s

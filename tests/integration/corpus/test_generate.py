@@ -356,9 +356,10 @@ def test_generate_with_a_saved_plan_serves_prompts_of_any_length(
     graph's plan released weights it keeps in RAM, and it was not called again before
     saving) and is planned again at its next call. Every ``generate()`` gives eager's tokens
     (before plans were made for graphs the file lacks, the second length was refused, and
-    from disk with the default cache the second ``generate()`` of any length)."""
+    from disk with the default cache the second ``generate()`` of any length). Saved again
+    and loaded with ``replan="error"``, the same calls find every graph in the file."""
     model = BY_NAME[name].build()
-    fresh, reference = copy.deepcopy(model), copy.deepcopy(model)
+    fresh, another, reference = (copy.deepcopy(model) for _ in range(3))
     opts = disk_options(model, tmp_path / "offload") if budget == "disk" else options(budget, model)
     kwargs = _generate_kwargs(cache)
     del kwargs["disable_compile"]  # the compiled module turns transformers' compile off
@@ -369,16 +370,32 @@ def test_generate_with_a_saved_plan_serves_prompts_of_any_length(
     compiled.save(tmp_path / "plan.json")
     saved = len(compiled.plan_hashes())
 
+    lengths = (6, 12, 9, 9, 4)
+    with torch.no_grad():
+        expected = [
+            reference.generate(input_ids=prompt[:, :n], disable_compile=True, **kwargs)
+            for n in lengths
+        ]
+
     torch._dynamo.reset()
     loaded = tt.load(tmp_path / "plan.json", fresh)
-    for length in (6, 12, 9, 9, 4):
-        ids = prompt[:, :length]
+    for n, tokens in zip(lengths, expected, strict=True):
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", tt.TensorTorrentWarning)  # planned now: said so
-            expected = reference.generate(input_ids=ids, disable_compile=True, **kwargs)
-            got = loaded.generate(input_ids=ids, **kwargs)
-        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=f"prompt of {length}")
+            got = loaded.generate(input_ids=prompt[:, :n], **kwargs)
+        torch.testing.assert_close(got, tokens, rtol=0, atol=0, msg=f"prompt of {n}")
     assert len(loaded.plan_hashes()) > saved, "graphs the file lacks were planned"
+
+    # saved again, the file has every graph those calls traced, each under the hash it is
+    # traced with (a graph planned again is named as traced, not as its first plan ordered
+    # it): the same calls need nothing planned anew
+    loaded.save(tmp_path / "again.json")
+    torch._dynamo.reset()
+    again = tt.load(tmp_path / "again.json", another, replan="error")
+    for n, tokens in zip(lengths, expected, strict=True):
+        with torch.no_grad():
+            got = again.generate(input_ids=prompt[:, :n], **kwargs)
+        torch.testing.assert_close(got, tokens, rtol=0, atol=0, msg=f"prompt of {n}, again")
 
 
 @pytest.mark.corpus
