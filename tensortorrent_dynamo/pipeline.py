@@ -163,7 +163,10 @@ def plan_and_compile(
 
 
 # why a saved plan's graph planned again (``Session.plan_again``) was searched
-STALE_SAVED = "a later graph's saved plan released weights its saved plan keeps in RAM"
+STALE_SAVED = (
+    "planned again, as a later graph's plan released weights its saved plan keeps in RAM or "
+    "needed the room its copies held"
+)
 
 
 def _profile(session: Session) -> HostProfile:
@@ -315,7 +318,7 @@ def _plan(
     room = session.working_room(frame)
     in_ram = session.in_ram_for_good(index)
     # planned again lean (``Session.make_lean``): it keeps nothing for good
-    lean = settings.plan is None and replacing is not None and replacing.lean
+    lean = replacing is not None and replacing.lean
 
     # a saved plan's graph planned again (stale: ``Session.plan_again``) is searched
     replays = settings.plan is not None and replacing is None
@@ -348,7 +351,7 @@ def _plan(
             if leaves_room(plan):
                 return plan
             plans = []
-            if settings.plan is None and not lean:
+            if not replays and not lean:
                 with contextlib.suppress(PlanInfeasible):
                     plans = [p for p in [plan_with(graph, held, lean=True)] if leaves_room(p)]
             try:

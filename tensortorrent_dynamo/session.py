@@ -421,8 +421,6 @@ class Session:
         the ``count`` of them that keep the most (on all devices) and can be planned again
         are made lean (:meth:`make_lean`), so that it is planned beside none of their
         copies. How many were: 0 when none is left."""
-        if self.settings.plan is not None:  # a saved plan's graphs keep what it has them keep
-            return 0
         candidates = [g for g in self.beside(frame) if not g.lean and g.replan is not None]
         candidates.sort(
             key=lambda g: sum(g.plan.kept_bytes(d.name) for d in g.plan.devices), reverse=True
@@ -432,7 +430,7 @@ class Session:
         return len(chosen)
 
     def make_lean(self, lean: Sequence[CompiledGraph], why: str) -> None:
-        """``lean`` (graphs that can be planned again, not a saved plan's) keep nothing for
+        """``lean`` (graphs that can be planned again, a saved plan's too) keep nothing for
         good from now on: before they next run, they are planned again keeping nothing
         (:meth:`enter`), and the resident copies they keep are dropped now, so that a new
         graph is planned beside none of them; until then, the weights they keep in RAM are
@@ -507,12 +505,11 @@ class Session:
         runs after that one has been called more, it is planned again, once for the whole
         frame, keeping those copies where they fit (``plan.planner.Keep``), so that
         switching between them drops and reads again nothing (not a saved plan's graphs,
-        which keep what it has them keep). Any graph is also planned again where it is
-        stale, a later graph's plan having released weights its plan keeps in RAM
-        (:meth:`released`; a saved plan's too, searched), and any but a saved plan's where
-        it is lean, a later graph having needed the room its copies held
-        (:meth:`make_lean`), or where a weight its plan reads from disk was given other
-        bytes (``CompiledGraph.replaced``)."""
+        which keep what it has them keep). Any graph is also planned again (a saved plan's
+        searched) where it is stale, a later graph's plan having released weights its plan
+        keeps in RAM (:meth:`released`), or lean, a later graph having needed the room its
+        copies held (:meth:`make_lean`), and any but a saved plan's where a weight its plan
+        reads from disk was given other bytes (``CompiledGraph.replaced``)."""
         if graph.stale is not None or graph.lean_pending or graph.replaced is not None:
             self.plan_again(graph, args)
         if self.current is graph:
@@ -620,10 +617,11 @@ class Session:
             why = f"graph {stale}'s plan put on disk weights its plan kept in RAM"
         else:
             why = "it keeps nothing for good from now on"
-        # a saved plan's graph is planned again where it is stale alone, searched (said in
-        # explain()): replaying a later graph's saved decisions made it so, as they did where
-        # it was saved, which planned it again at its next call
-        if graph.replan is None or (self.settings.plan is not None and stale is None):
+        # a saved plan's graph is planned again (searched, said in explain()) where it is
+        # stale (replaying a later graph's saved decisions made it so, as they did where it
+        # was saved, which planned it again at its next call) or lean (a graph the file
+        # lacks needed the room); one given other weights is refused, as saved
+        if graph.replan is None or (self.settings.plan is not None and replaced is not None):
             raise StalePlanError(
                 f"graph {index} must be planned again ({why}), and it can no longer be; "
                 "torch._dynamo.reset() and compile the model again"
