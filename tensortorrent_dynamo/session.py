@@ -620,8 +620,9 @@ class Session:
         # a saved plan's graph is planned again (searched, said in explain()) where it is
         # stale (replaying a later graph's saved decisions made it so, as they did where it
         # was saved, which planned it again at its next call) or lean (a graph the file
-        # lacks needed the room); one given other weights is refused, as saved
-        if graph.replan is None or (self.settings.plan is not None and replaced is not None):
+        # lacks needed the room); one given other weights never gets here (refused, as
+        # saved, in ``CompiledGraph.__call__``)
+        if graph.replan is None:
             raise StalePlanError(
                 f"graph {index} must be planned again ({why}), and it can no longer be; "
                 "torch._dynamo.reset() and compile the model again"
