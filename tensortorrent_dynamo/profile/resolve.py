@@ -31,8 +31,25 @@ log = logging.getLogger(__name__)
 _NOMINAL = "nominal: a built-in rate, not measured"
 _NOT_NOMINAL = "the nominal profile has no figure for this"
 
-# Measured profiles that could not be cached, by cache path: a process measures its host once.
-_uncached: dict[str, Measurements] = {}
+# The profile this process measured, by cache path, with the text it cached: a process
+# measures its host once, also where the cache could not keep it, or keeps it but judges it
+# suspicious when read back (measured while other work used the CPUs: measured again at each
+# new graph, each took ~20 s, on a machine no less busy). A cached file that is no longer the
+# one this process wrote is judged as any other.
+_measured_here: dict[str, tuple[Measurements, str]] = {}
+
+
+def _ours(path: Path) -> Measurements | None:
+    """The profile this process measured and cached at ``path``, if the file there is still
+    the one it wrote (or none is there: the cache could not keep it)."""
+    here = _measured_here.get(str(path))
+    if here is None:
+        return None
+    try:
+        same = path.read_text() == here[1]
+    except OSError:
+        same = not path.exists()
+    return here[0] if same else None
 
 
 def _nominal_device(name: str) -> DeviceFigures:
@@ -123,8 +140,9 @@ def auto_profile() -> HostProfile:
         return HostProfile.from_measurements(
             found.measurements, f"measured (cached {found.path}, {age} old)"
         )
-    if str(found.path) in _uncached:
-        return HostProfile.from_measurements(_uncached[str(found.path)], "measured now")
+    ours = _ours(found.path)
+    if ours is not None:
+        return HostProfile.from_measurements(ours, "measured now")
     if found.suspicious:
         log.warning("%s; measuring this machine again", found.problem)
     else:
@@ -139,6 +157,7 @@ def auto_profile() -> HostProfile:
     )
     started = time.perf_counter()
     measured = measure_host("short", offload)
+    _measured_here[str(found.path)] = (measured, measured.to_json())
     profile = HostProfile.from_measurements(measured, "measured now")
     log.info(
         "measured the host profile in %.1f s: cpu %s, disk read %s; run "
@@ -152,7 +171,6 @@ def auto_profile() -> HostProfile:
     try:
         log.info("cached the host profile at %s", cache.save(measured))
     except OSError as exc:
-        _uncached[str(found.path)] = measured
         log.warning(
             "could not cache the host profile in %s (%s); set %s to a writable directory",
             cache.cache_dir(),

@@ -232,6 +232,29 @@ def test_a_short_profile_measured_while_the_machine_was_busy_is_measured_again(
     assert measure_calls == ["short", "short"]
 
 
+def test_a_process_measures_a_busy_machine_once(
+    monkeypatch: pytest.MonkeyPatch, measure_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # measured while other work ran: a later process measures again, but this one plans each
+    # new graph with what it measured (measuring at each took ~20 s on a machine no less busy)
+    fake = resolve.measure_host
+
+    def busy(mode: str, *args: object, **kwargs: object) -> Measurements:
+        measured = fake(mode, *args, **kwargs)
+        return dataclasses.replace(measured, load=Figure(70.0, "%", "fake", "the machine was busy"))
+
+    monkeypatch.setattr(resolve, "measure_host", busy)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        first = resolve.host_profile(AUTO)
+        again = resolve.host_profile(AUTO)
+    assert measure_calls == ["short"]
+    assert first.source == again.source == "measured now"
+    assert "cached the host profile" in caplog.text
+    monkeypatch.setattr(resolve, "_measured_here", {})  # a new process: measured again
+    resolve.host_profile(AUTO)
+    assert measure_calls == ["short", "short"]
+
+
 def test_unwritable_cache_measures_once_per_process(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
