@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 import torch.fx
@@ -48,7 +49,28 @@ from .weights.released import own_written_bytes, released_location
 log = logging.getLogger(__name__)
 plan_log = torch._logging._internal.getArtifactLogger(__name__, PLAN_ARTIFACT)
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
+
+def _keeps_user_rng(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` with torch's random generators (the CPU's and each CUDA device's) as they were
+    before it. Planning draws random numbers of its own (the profile's probes) and times a
+    graph by running it (``keep_faster``), and it runs at calls too, where Dynamo's own
+    guard of the generators is not around it: a graph for a new range of sizes, a new
+    module's weights, a graph planned again. Each draw moved the user's generator, so
+    ``generate(do_sample=True)`` after ``torch.manual_seed`` gave other tokens than eager."""
+
+    @functools.wraps(fn)
+    def kept(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):
+            return fn(*args, **kwargs)
+
+    return kept
+
+
+@_keeps_user_rng
 def plan_and_compile(
     session: Session,
     gm: torch.fx.GraphModule,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -487,3 +488,34 @@ def _fit_beside_each_other(graphs: list[Any], budget: int) -> None:
     for g, own, other in ((graphs[0], kept[0], kept[1]), (graphs[1], kept[1], kept[0])):
         beside = sum(size for fqn, size in other.items() if fqn not in own)
         assert g.plan.predicted_peak("cpu") + beside <= budget, (g.plan.graph_index, kept)
+
+
+def test_planning_leaves_the_callers_random_generator_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Planning draws random numbers of its own (the profile's probes, a graph timed to choose
+    # its compiler), at compile time and at calls: a graph of symbolic sizes is planned for
+    # each new range of them when a call first needs it, where Dynamo's own guard of the
+    # generators is not around it. A draw in a stage of every plan stands in for those.
+    from tensortorrent_dynamo import pipeline
+
+    costed = pipeline.build_cost_graph
+    at_calls = []
+
+    def drawing(*args: Any, **kwargs: Any) -> Any:
+        torch.rand(16)
+        at_calls.append(not any(f.function == "_compile" for f in inspect.stack()))
+        return costed(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "build_cost_graph", drawing)
+    model = mlp(32, 2)
+    compiled = torch.compile(model, backend="tensortorrent", options=_options(1 << 30))
+    for rows in (2, 3, 5, 9, 17, 33):
+        x = torch.randn(rows, 32)
+        torch.manual_seed(rows)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        drawn = torch.rand(4)  # what a sampler draws next: as though nothing was planned
+        torch.manual_seed(rows)
+        torch.testing.assert_close(drawn, torch.rand(4), rtol=0, atol=0, msg=f"{rows} rows")
+    assert any(at_calls), at_calls

@@ -65,6 +65,9 @@ _CASE_KEYS = {
     "test_entry_segments_run_on_cuda": "cuda placement budget={budget}",
     "test_generate_matches_eager": "generate budget={budget} cache={cache}",
     "test_generate_streams_from_disk_within_a_host_budget": "generate budget=disk cache={cache}",
+    "test_generate_by_sampling_and_beam_search_matches_eager": (
+        "generate by {cache} budget={budget}"
+    ),
     "test_generate_segments_run_on_cuda": (
         "cuda placement of generate budget={budget} cache={cache}"
     ),
