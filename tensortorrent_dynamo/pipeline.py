@@ -191,6 +191,12 @@ STALE_SAVED = (
 )
 
 
+# why a graph whose saved decisions are at other sizes was planned lean instead
+LEAN_NOT_SAVED = (
+    "they keep weights resident where the model's other graphs need the room: planned to keep none"
+)
+
+
 def _profile(session: Session) -> HostProfile:
     """The figures a graph is planned with: a saved plan's own on the hardware it was saved
     on (figures measured again, or another cached profile, would make other plans than the
@@ -344,14 +350,34 @@ def _plan(
 
     # a saved plan's graph planned again (stale: ``Session.plan_again``) is searched
     replays = settings.plan is not None and replacing is None
+    saved_for: dict[int, Decisions | None] = {}  # by id of the graph: looked up (warned) once
+
+    def saved_decisions(graph: CostGraph) -> Decisions | None:
+        if id(graph) not in saved_for:
+            saved_for[id(graph)] = _saved_decisions(session, graph, profile) if replays else None
+        return saved_for[id(graph)]
+
+    def as_saved(graph: CostGraph) -> bool:
+        """Whether ``graph`` replays the plan the file holds for it as traced (which fit
+        beside the others in the saving session), not one the file lacks or holds for it at
+        other sizes (planned now, as in any session)."""
+        saved = saved_decisions(graph)
+        return saved is not None and bool(saved.plan_hash)
 
     def plan_with(graph: CostGraph, held: Mapping[str, int], lean: bool = False) -> GraphPlan:
-        saved = _saved_decisions(session, graph, profile) if replays else None
+        saved = None if lean else saved_decisions(graph)
         plan = plan_graph(
             index, graph, profile, settings, held, on_disk, split, saved, keep, in_ram, lean
         )
+        if lean and saved_decisions(graph) is not None:
+            plan = dataclasses.replace(plan, replay_refused=LEAN_NOT_SAVED)
+        return plan
+
+    def checked(graph: CostGraph, plan: GraphPlan) -> GraphPlan:
+        """The plan chosen for ``graph``, held to the saved plan's decisions for it (those
+        of the plans not chosen never run)."""
         if replays:
-            _check_saved(session, plan, saved)
+            _check_saved(session, plan, saved_decisions(graph))
         elif settings.plan is not None:
             plan = dataclasses.replace(plan, replay_refused=STALE_SAVED)
         return plan
@@ -373,7 +399,7 @@ def _plan(
             if leaves_room(plan):
                 return plan
             plans = []
-            if not replays and not lean:
+            if not lean and not as_saved(graph):
                 with contextlib.suppress(PlanInfeasible):
                     plans = [p for p in [plan_with(graph, held, lean=True)] if leaves_room(p)]
             try:
@@ -389,7 +415,7 @@ def _plan(
             ) from None
 
     try:
-        return plan_beside(shared, session.resident_bytes(frame, names))
+        return checked(shared, plan_beside(shared, session.resident_bytes(frame, names)))
     except PlanInfeasible:
         if shared is cost:
             raise
@@ -402,7 +428,7 @@ def _plan(
             "planning it as if it kept the same ones resident",
             index,
         )
-    return plan_beside(cost, session.resident_bytes(frame, names, everywhere=True))
+    return checked(cost, plan_beside(cost, session.resident_bytes(frame, names, everywhere=True)))
 
 
 def _per_device_sum(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
@@ -577,6 +603,30 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
         )
         return
     if saved.plan_hash != plan.plan_hash:
+        # Its decisions are replayed beside what the session's other graphs keep: those
+        # planned since loading (graphs the file lacks, saved ones planned again) may keep
+        # other weights than the saving session's did, and the same decisions then make
+        # another plan (a server given a prompt shorter than any saved made the graph of
+        # the saved length differ at its next call).
+        kept = session.saved_plan().plan_hashes()
+        since = [g.plan.graph_index for g in session.graphs if g.plan.plan_hash not in kept]
+        if since:
+            exc = StalePlanError(
+                f"{path}: its decisions for this graph give plan {plan.plan_hash} here, not "
+                f"{saved.plan_hash} as saved: graphs {', '.join(map(str, since))} were planned "
+                "since loading, and keep other weights resident than the saving session's did"
+            )
+            if replan == "error":
+                raise StalePlanError(
+                    f'{exc}. Load with replan="new" (the default) to plan such a graph now'
+                )
+            warnings.warn(
+                f"{exc}. Planned now (replan={replan!r}): save the model again "
+                "(CompiledModule.save) to keep its plan",
+                TensorTorrentWarning,
+                stacklevel=4,
+            )
+            return
         exc = StalePlanError(
             f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "
             f"(planning again gives {plan.plan_hash}): the settings or the planner changed"

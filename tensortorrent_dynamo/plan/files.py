@@ -120,6 +120,10 @@ class SavedPlan:
         """What makes this machine another kind than the one the plan was saved on."""
         return Fingerprint.from_dict(self.hardware, "hardware").other_kind(current_fingerprint())
 
+    def plan_hashes(self) -> frozenset[str]:
+        """The hashes of the plans the file holds."""
+        return frozenset(g["plan_hash"] for g in self.graphs)
+
     def record_for(self, cost: CostGraph) -> dict[str, Any] | None:
         """The record of ``cost``; else of the same graph traced at other sizes (the first
         saved: Dynamo traces a model's first call for its shapes alone, so a loaded model

@@ -764,6 +764,16 @@ ENTRIES: list[Entry] = [
         ),
         decoder_inputs,
     ),
+    Entry(
+        "big_bird",
+        "big_bird",
+        "a decoder whose block-sparse attention switches itself to full attention at its "
+        "first short call (the config changed mid-forward: graph breaks in that call only), "
+        "learned positions; loaded plans refused prompts shorter or longer than the saved one "
+        "(a replay beside other residents than the saving session's)",
+        _causal_lm("BigBirdConfig", **LM, is_decoder=True),
+        decoder_inputs,
+    ),
     # --- encoder-decoders
     Entry(
         "t5",
@@ -1299,6 +1309,7 @@ GENERATE_MODELS = (
     "granite",
     "deepseek_v3",
     "dory",
+    "big_bird",
     "t5",
     "bart",
 )
