@@ -609,7 +609,7 @@ class Session:
         its plan reads from disk was given other bytes (``CompiledGraph.replaced``)."""
         stale, graph.stale = graph.stale, None
         replaced, graph.replaced = graph.replaced, None
-        graph.lean_pending = False
+        pending, graph.lean_pending = graph.lean_pending, False
         index = graph.plan.graph_index
         if replaced is not None:
             why = f"a weight its plan reads from disk changed ({replaced})"
@@ -630,7 +630,12 @@ class Session:
         started = time.perf_counter()
         try:
             graph.replan(graph, args, None)
-        except PlanInfeasible as exc:
+        except BaseException as exc:
+            # its plan is still the old one, which must not run (its resident copies were
+            # dropped, or it reads what is no longer there): the next call tries again
+            graph.stale, graph.replaced, graph.lean_pending = stale, replaced, pending
+            if not isinstance(exc, PlanInfeasible):
+                raise
             raise PlanInfeasible(
                 f"graph {index} was planned again, as {why}, and it no longer fits: {exc}",
                 exc.min_budgets,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tensortorrent_dynamo.errors import StalePlanError
+from tensortorrent_dynamo.errors import PlanInfeasible, StalePlanError
 from tensortorrent_dynamo.plan.planner import GraphPlan, Keep, resident_set
 from tensortorrent_dynamo.plan.residency import Residency, Tier
 from tensortorrent_dynamo.session import Session
@@ -192,6 +192,32 @@ def test_a_graph_whose_plan_no_longer_holds_is_planned_again_before_it_runs(
     setattr(graph, field, value)
     with pytest.raises(StalePlanError, match=rf"graph 0 must be planned again \({why}"):
         session.enter(graph, ("x",))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("stale", 3), ("lean_pending", True), ("replaced", "other bytes")]
+)
+def test_a_graph_that_no_longer_fits_when_planned_again_is_refused_at_each_call(
+    field: str, value: Any
+) -> None:
+    # its old plan must not run (its copies were dropped, or it reads what is no longer
+    # there): a call after the refusal ran it, and ran out of the device's memory
+    session = Session.of(parse_options())
+    graph = _graph(0, {"w": READ_ONCE}, index=5)
+    session.graphs.append(graph)
+    tries: list[Any] = []
+
+    def replan(g: Any, args: Any, keep: Any) -> None:
+        tries.append(args)
+        raise PlanInfeasible("virtual:0 needs at least 2 KiB (budget is 1 KiB)")
+
+    graph.replan = replan
+    setattr(graph, field, value)
+    for call in ("x", "y"):
+        with pytest.raises(PlanInfeasible, match=r"graph 5 was planned again, as .* no longer"):
+            session.enter(graph, (call,))
+        assert getattr(graph, field) == value
+    assert tries == [("x",), ("y",)]
 
 
 def test_a_copy_goes_when_its_parameter_does() -> None:
