@@ -201,7 +201,7 @@ def test_a_graph_that_no_longer_fits_when_planned_again_is_refused_at_each_call(
     field: str, value: Any
 ) -> None:
     # its old plan must not run (its copies were dropped, or it reads what is no longer
-    # there): a call after the refusal ran it, and ran out of the device's memory
+    # there): the next call ran it without planning it again
     session = Session.of(parse_options())
     graph = _graph(0, {"w": READ_ONCE}, index=5)
     session.graphs.append(graph)
