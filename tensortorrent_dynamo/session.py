@@ -681,13 +681,38 @@ class Session:
         runtime = self.graphs[0].runtime
         keep = self.kept_beside(frame)
         held = {name: 0 for g in self.graphs for name in (d.name for d in g.plan.devices)}
+        present = set()
         for fqn, copy in self.resident.copies():
             device = runtime.owner(copy)
+            present.add((fqn, device))
             if (fqn, device) not in keep:
                 continue
             if fqn in exclude and (device == "cpu" or everywhere):
                 continue
             held[device] = held.get(device, 0) + copy.untyped_storage().nbytes()
+        # The copies a graph of another frame keeps that are not there now (an alternative
+        # of its frame ran since, and dropped them): it makes them again as it runs, and
+        # they stay. At most one alternative of a frame runs in a call: the most any of
+        # them lacks. (Uncounted, a graph planned meanwhile filled their room, and the
+        # model's next call ran out of the device's memory.)
+        lacking: dict[tuple[int | None, str], int] = {}
+        for g in self.beside(frame):
+            if g.lean_pending:  # it keeps nothing once planned again
+                continue
+            per_device: dict[str, int] = {}
+            for p, r in zip(g.plan.cost.params, g.plan.residency, strict=True):
+                if not r.keeps_copy or (p.fqn, r.device) in present:
+                    continue
+                if r.device == "cpu" and self._holds_in_ram(g, p, r):
+                    continue  # on the host it is the model's own tensor: counted below
+                if p.fqn in exclude and (r.device == "cpu" or everywhere):
+                    continue
+                per_device[r.device] = per_device.get(r.device, 0) + p.nbytes
+            for device, nbytes in per_device.items():
+                key = (g.frame, device)
+                lacking[key] = max(lacking.get(key, 0), nbytes)
+        for (_, device), nbytes in lacking.items():
+            held[device] = held.get(device, 0) + nbytes
         in_ram: dict[str, int] = {}
         for g in self.graphs:
             if g.lean_pending:  # it keeps nothing once planned again, before it next runs

@@ -127,6 +127,31 @@ def test_resident_bytes_count_the_other_frames_copies_and_the_weights_in_ram() -
     assert session.resident_bytes(2, exclude=frozenset({"w"})) == {"cpu": 16, "virtual:0": 16}
 
 
+def test_the_copies_an_alternative_makes_again_when_it_runs_count_beside_other_frames() -> None:
+    # frame 1's alternatives keep "a" (16 bytes) and "b" (32): "b"'s graph ran last, and
+    # dropped "a". A graph of frame 2 planned now must leave room for "a" too: "a"'s graph
+    # makes it again when it runs, and it stays. Uncounted, ctrl's next call ran out of the
+    # virtual device's memory after a saved plan's graph of another size range was planned.
+    session = Session.of(parse_options(budgets={"virtual:0": "1MiB"}))
+    first = _graph(1, {"a": ON_ACCELERATOR}, index=0)
+    second = _graph(1, {"b": ON_ACCELERATOR}, index=1)
+    third = _graph(1, {"a": ON_ACCELERATOR, "c": ON_ACCELERATOR}, index=2)
+    for g, sizes in ((first, [16]), (second, [32]), (third, [16, 8])):
+        g.runtime = types.SimpleNamespace(owner=lambda copy: "virtual:0")
+        for p, nbytes in zip(g.plan.cost.params, sizes, strict=True):
+            p.nbytes = nbytes
+    session.graphs.extend([first, second, third])
+    b = torch.zeros(8)  # 32 bytes
+    session.resident.put("b", b, "virtual:0", b.clone())
+    # "b" is there; of the others one alternative runs per call: the most either lacks
+    assert session.resident_bytes(2)["virtual:0"] == 32 + 24
+    # a graph made lean keeps nothing: it makes nothing again
+    third.lean_pending = True
+    assert session.resident_bytes(2)["virtual:0"] == 32 + 16
+    # beside its own frame, its alternatives count for nothing
+    assert session.resident_bytes(1)["virtual:0"] == 0
+
+
 def test_the_host_holds_a_disk_weight_kept_in_ram_as_the_tensor_until_it_is_released() -> None:
     session = Session.of(parse_options())
     graph = _graph(1, {"d": READ_ONCE, "w": ON_HOST})
