@@ -765,6 +765,24 @@ ENTRIES: list[Entry] = [
         decoder_inputs,
     ),
     Entry(
+        "ctrl",
+        "ctrl",
+        "sinusoidal positions added in the model, an embedding the head shares, graph breaks "
+        "that make three frames of a forward; a graph planned beside another frame's, when "
+        "that frame's alternative holding copies had dropped them, left them no room",
+        _causal_lm(
+            "CTRLConfig",
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=LAYERS,
+            n_head=4,
+            dff=128,
+            n_positions=128,
+            pad_token_id=0,
+        ),
+        decoder_inputs,
+    ),
+    Entry(
         "big_bird",
         "big_bird",
         "a decoder whose block-sparse attention switches itself to full attention at its "

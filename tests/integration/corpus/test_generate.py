@@ -391,6 +391,11 @@ def test_generate_through_the_compiled_module_is_explained_saved_and_replayed(
 # the prompt length a plan is saved after, and those the loaded model is given then
 SERVED = {"9-first": (9, (6, 12, 9, 9, 4)), "12-first": (12, (4, 9, 12, 6))}
 
+# Saved again after serving, the file holds each graph's last plan, some made after other
+# graphs went lean; loaded, each is replayed at its first trace, beside the others' first
+# plans, and some come out otherwise: refused with replan="error" (an open limitation)
+LAST_PLANS_DO_NOT_REPLAY = {"ctrl"}
+
 
 @pytest.mark.corpus
 @pytest.mark.parametrize(
@@ -401,7 +406,15 @@ SERVED = {"9-first": (9, (6, 12, 9, 9, 4)), "12-first": (12, (4, 9, 12, 6))}
         for c, b in (("static", "third"), ("dynamic", "disk"))
     ]
     + [
-        pytest.param("big_bird", "dynamic", order, "third", id=f"big_bird-dynamic-{order}-third")
+        pytest.param(
+            name,
+            "dynamic",
+            order,
+            "third",
+            id=f"{name}-dynamic-{order}-third",
+            marks=[] if (name, order) == ("big_bird", "12-first") else [pytest.mark.corpus_full],
+        )
+        for name in ("big_bird", "ctrl")
         for order in SERVED
     ],
 )
@@ -451,6 +464,8 @@ def test_generate_with_a_saved_plan_serves_prompts_of_any_length(
         torch.testing.assert_close(got, tokens, rtol=0, atol=0, msg=f"prompt of {n}")
     assert len(loaded.plan_hashes()) > saved, "graphs the file lacks were planned"
 
+    if name in LAST_PLANS_DO_NOT_REPLAY:
+        return
     # saved again, the file has every graph those calls traced, each under the hash it is
     # traced with (a graph planned again is named as traced, not as its first plan ordered
     # it): the same calls need nothing planned anew
