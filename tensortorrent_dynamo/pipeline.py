@@ -629,7 +629,10 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
             return
         exc = StalePlanError(
             f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "
-            f"(planning again gives {plan.plan_hash}): the settings or the planner changed"
+            f"(planning again gives {plan.plan_hash}): the settings or the planner changed, "
+            "or the saving session made this plan again after other graphs' plans changed "
+            "(keeping nothing resident, or another graph's copies), beside plans this "
+            "session's first calls do not make"
         )
         if replan != "auto":
             raise exc
