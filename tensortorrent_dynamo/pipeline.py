@@ -551,18 +551,24 @@ def _saved_decisions(session: Session, cost: CostGraph, profile: HostProfile) ->
                 f'{exc}. Load with replan="new" (the default) to plan such a graph when it '
                 "is traced"
             ) from None
-        warnings.warn(
-            f"{exc}. Planned now (replan={settings.replan!r}): save the model again "
-            "(CompiledModule.save) to keep its plan",
-            TensorTorrentWarning,
-            stacklevel=4,
-        )
+        _warn_planned_now(f"{exc}.", settings.replan)
         return None
     except StalePlanError as exc:
         if settings.replan != "auto":
             raise
         warnings.warn(f"{exc}; planned again (replan='auto')", TensorTorrentWarning, stacklevel=4)
         return None
+
+
+def _warn_planned_now(why: str, replan: str) -> None:
+    """Warn that a graph whose saved plan the file lacks or that does not apply (``why``)
+    is planned now, as ``replan`` allows."""
+    warnings.warn(
+        f"{why} Planned now (replan={replan!r}): save the model again "
+        "(CompiledModule.save) to keep its plan",
+        TensorTorrentWarning,
+        stacklevel=5,  # the caller's caller: the planning of the graph, as before
+    )
 
 
 def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> None:
@@ -595,12 +601,7 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
                 f"{exc} Call it with the shapes it was saved with, or load with "
                 'replan="new" (the default) to plan it now'
             )
-        warnings.warn(
-            f"{exc} Planned now (replan={replan!r}): save the model again "
-            "(CompiledModule.save) to keep its plan",
-            TensorTorrentWarning,
-            stacklevel=4,
-        )
+        _warn_planned_now(str(exc), replan)
         return
     if saved.plan_hash != plan.plan_hash:
         # Its decisions are replayed beside what the session's other graphs keep: those
@@ -620,12 +621,7 @@ def _check_saved(session: Session, plan: GraphPlan, saved: Decisions | None) -> 
                 raise StalePlanError(
                     f'{exc}. Load with replan="new" (the default) to plan such a graph now'
                 )
-            warnings.warn(
-                f"{exc}. Planned now (replan={replan!r}): save the model again "
-                "(CompiledModule.save) to keep its plan",
-                TensorTorrentWarning,
-                stacklevel=4,
-            )
+            _warn_planned_now(f"{exc}.", replan)
             return
         exc = StalePlanError(
             f"{path}: its decisions for this graph no longer give plan {saved.plan_hash} "
